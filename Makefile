@@ -1,0 +1,36 @@
+# The two commands a newcomer needs: `make train` and `make test`. Both set the machine up first.
+PYTHON  ?= python3
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+CONFIG  ?= configs/quickstart.yaml
+STAMP   := $(VENV)/.installed
+# pytest options, e.g. `make test PYTEST_ARGS="-k transport"`
+PYTEST_ARGS ?=
+
+.PHONY: setup train test bench clean
+
+setup: $(STAMP)
+	@bash launch/setup_vulkan.sh $(PY)
+
+# The venv is rebuilt when the package metadata changes. torch is pinned and installed first:
+# the pin takes a local CPU build where one is provided and the matching CUDA build elsewhere;
+# an unpinned `torch` would pull a multi-GB CUDA build onto CPU machines.
+$(STAMP): setup.cfg pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip "setuptools>=68" wheel
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	@touch $@
+
+train: setup
+	$(VENV)/bin/asyncvla train $(CONFIG) $(ARGS)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m tests.benchmarks.run_all $(ARGS)
+
+clean:
+	rm -rf $(VENV) runs bench_results .pytest_cache *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,1 @@
+"""Actor side: environments, the rollout loop, the actor process."""

@@ -1,0 +1,1 @@
+"""Shared contract between actors and learner: config, protocol, transport, policy."""

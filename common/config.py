@@ -1,0 +1,381 @@
+"""One configuration schema for the whole system.
+
+Each section is a dataclass; every field is declared with its default, a help string and the
+values it accepts. YAML files in configs/ set values; dotted command-line overrides
+(`actor.num_envs=4`) set them last. `load_config` merges and validates, and any unknown key,
+wrong type or out-of-range value raises `ConfigError` naming the key, the value and what is
+allowed. Parameter names follow RLinf's where they fit (`num_action_chunks`, `reward_type`,
+`logprob_type`, `rollout_ema_decay`, `ratio_clip_eps`, `clip_ratio_c`, `entropy_bonus`, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Sequence
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased for the user: which key, which value, what is allowed."""
+
+
+def opt(default: Any, help: str, *, choices: Sequence[Any] | None = None,
+        ge: float | None = None, gt: float | None = None, le: float | None = None,
+        lt: float | None = None):
+    """A config field: its default, a one-line help string and the values it accepts."""
+    meta = {"help": help, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# --------------------------------------------------------------------------------------- env
+@dataclass
+class EnvConfig:
+    id: str = opt("PushCube-v1", "ManiSkill3 env id (e.g. PushCube-v1, PickCube-v1) or the built-in "
+                  "pixel task 'PixelReach-v0'")
+    instruction: Optional[str] = opt(None, "language instruction given to the policy; null takes the "
+                                     "built-in one for the task")
+    obs_mode: str = opt("rgb", "ManiSkill observation mode the wrapper reads images from",
+                        choices=["rgb", "rgbd"])
+    camera: str = opt("base_camera", "ManiSkill camera whose RGB image the policy sees")
+    use_proprio: bool = opt(False, "also give the policy the robot's proprioceptive state")
+    control_mode: str = opt("pd_ee_delta_pose", "ManiSkill controller; pd_ee_delta_pose is 7-D like OpenVLA")
+    reward_mode: str = opt("normalized_dense", "ManiSkill reward mode",
+                           choices=["sparse", "dense", "normalized_dense"])
+    sim_backend: str = opt("physx_cpu", "physics backend: physx_cpu (one process per env) or "
+                           "physx_cuda (all envs batched on the GPU)", choices=["physx_cpu", "physx_cuda"])
+    render_backend: str = opt("cpu", "renderer device: cpu (software Vulkan) or gpu",
+                              choices=["cpu", "gpu"])
+    max_episode_steps: Optional[int] = opt(None, "episode time limit in env steps; null keeps the "
+                                           "task's own", ge=1)
+    auto_reset: bool = opt(True, "reset an env as soon as its episode ends (training needs this)")
+    ignore_terminations: bool = opt(False, "never end an episode on success/failure, only on the time limit")
+    seed: int = opt(0, "base seed; env i of actor a uses seed + 1000*a + i", ge=0)
+    use_fixed_reset_state_ids: bool = opt(False, "reset to a fixed sequence of initial states "
+                                          "(reproducible evaluation)")
+
+
+# ------------------------------------------------------------------------------------ policy
+@dataclass
+class BackboneConfig:
+    """A tiny random-init Idefics3 (SigLIP vision + Llama text), used when no pretrained_path is set."""
+    vision_hidden_size: int = opt(192, "vision tower width", ge=8)
+    vision_layers: int = opt(4, "vision tower depth", ge=1)
+    vision_heads: int = opt(4, "vision attention heads", ge=1)
+    patch_size: int = opt(8, "vision patch size in pixels", ge=1)
+    text_hidden_size: int = opt(256, "language model width", ge=8)
+    text_layers: int = opt(6, "language model depth", ge=1)
+    text_heads: int = opt(4, "language model attention heads", ge=1)
+    intermediate_size: int = opt(512, "MLP width of the language model", ge=8)
+    vocab_size: int = opt(512, "vocabulary size of the built tokenizer (the last n_bins ids are "
+                          "action tokens)", ge=64)
+    scale_factor: int = opt(2, "pixel-shuffle factor between vision tower and language model", ge=1)
+
+
+@dataclass
+class PolicyConfig:
+    pretrained_path: Optional[str] = opt(None, "a checkpoint directory loadable with from_pretrained "
+                                         "(a VLA saved by this project or a compatible VLM); null builds "
+                                         "the tiny backbone below")
+    backbone: BackboneConfig = field(default_factory=BackboneConfig)
+    image_size: int = opt(64, "square image side the policy sees; envs resize to it", ge=16, le=1024)
+    action_dim: int = opt(7, "action dimensions D per env step (must match the env)", ge=1)
+    num_action_chunks: int = opt(4, "env steps K per policy action (action chunk)", ge=1)
+    n_bins: int = opt(256, "uniform bins over [-1, 1] per action dimension", ge=2)
+    max_instruction_tokens: int = opt(32, "instructions are padded/limited to this many tokens", ge=1)
+    is_lora: bool = opt(True, "train LoRA adapters (+ value head) instead of every weight")
+    lora_rank: int = opt(32, "LoRA rank", ge=1)
+    lora_alpha: int = opt(32, "LoRA alpha (scale = alpha / rank)", ge=1)
+    lora_dropout: float = opt(0.0, "LoRA dropout", ge=0.0, lt=1.0)
+    lora_target_modules: str = opt(r".*text_model.*\.(q_proj|k_proj|v_proj|o_proj)",
+                                   "regex of module names that get LoRA adapters")
+    value_head_hidden: int = opt(256, "hidden width of the value-head MLP", ge=1)
+    precision: str = opt("auto", "auto = bf16 on GPU, fp32 on CPU", choices=["auto", "fp32", "bf16"])
+    temperature: float = opt(1.0, "sampling temperature of action tokens", gt=0.0)
+
+
+# ------------------------------------------------------------------------------------- actor
+@dataclass
+class ActorConfig:
+    num_envs: int = opt(2, "environments per actor process", ge=1)
+    rollout_length: int = opt(16, "policy steps T per trajectory segment", ge=1)
+    device: str = opt("cpu", "torch device of the actor's policy copy (cpu, cuda, cuda:1, ...)")
+    backpressure: str = opt("block", "when the learner is slow: block the actor, or drop its oldest "
+                            "unsent segment (counted)", choices=["block", "drop_oldest"])
+    seed: int = opt(0, "base seed of the action sampler", ge=0)
+
+
+# ----------------------------------------------------------------------------------- learner
+@dataclass
+class LearnerConfig:
+    max_steps: int = opt(200, "stop after this many learner updates", ge=1)
+    max_env_steps: Optional[int] = opt(None, "also stop after this many env steps (null: no limit)", ge=1)
+    segments_per_update: int = opt(4, "trajectory segments in one update, across all ranks", ge=1)
+    micro_batch_size: int = opt(32, "samples (time steps x envs) per forward/backward on one rank", ge=1)
+    lr: float = opt(1e-4, "learning rate of the policy (LoRA) parameters", gt=0.0)
+    value_lr: float = opt(1e-3, "learning rate of the value head", gt=0.0)
+    adam_beta1: float = opt(0.9, "Adam beta1", ge=0.0, lt=1.0)
+    adam_beta2: float = opt(0.999, "Adam beta2", ge=0.0, lt=1.0)
+    adam_eps: float = opt(1e-5, "Adam epsilon", gt=0.0)
+    weight_decay: float = opt(0.0, "AdamW weight decay", ge=0.0)
+    clip_grad: float = opt(1.0, "global gradient-norm clip (0 disables)", ge=0.0)
+    lr_warmup_steps: int = opt(0, "linear LR warm-up in learner updates", ge=0)
+    zero_stage: int = opt(3, "DeepSpeed ZeRO stage", choices=[0, 1, 2, 3])
+    precision: str = opt("auto", "auto = bf16 on GPU, fp32 on CPU", choices=["auto", "fp32", "bf16"])
+    max_policy_lag: int = opt(4, "drop segments produced more than this many versions ago", ge=0)
+    publish_interval: int = opt(1, "publish weights every this many updates", ge=1)
+    rollout_ema_decay: float = opt(0.0, "EMA of published weights: pub <- d*pub + (1-d)*theta "
+                                   "(0 = publish the learner's weights as they are)", ge=0.0, lt=1.0)
+    dist_timeout_minutes: int = opt(120, "collective time-out; ranks idle while actors are slow", ge=1)
+
+
+# --------------------------------------------------------------------------------- algorithm
+@dataclass
+class AlgorithmConfig:
+    gamma: float = opt(0.99, "discount per policy step (per chunk with reward_type chunk_level)",
+                       ge=0.0, le=1.0)
+    vtrace_lambda: float = opt(1.0, "V-trace lambda (trace cutting, like GAE's lambda)", ge=0.0, le=1.0)
+    rho_bar: float = opt(1.0, "V-trace clip of importance weights in targets/advantages", gt=0.0)
+    c_bar: float = opt(1.0, "V-trace clip of the traces", gt=0.0)
+    ratio_clip_eps: float = opt(0.2, "PPO clip epsilon of the ratio pi/mu", gt=0.0)
+    clip_ratio_c: Optional[float] = opt(None, "dual-clip constant c (> 1) for negative advantages; "
+                                        "null disables", gt=1.0)
+    entropy_bonus: float = opt(0.0, "entropy coefficient", ge=0.0)
+    value_loss_coef: float = opt(0.5, "weight of the value loss", ge=0.0)
+    value_loss_type: str = opt("mse", "value loss", choices=["mse", "huber"])
+    huber_delta: float = opt(1.0, "Huber loss delta", gt=0.0)
+    value_clip: Optional[float] = opt(None, "clip new values to old +- this (null disables)", gt=0.0)
+    normalize_advantages: bool = opt(True, "normalise advantages per batch")
+    advantage_scale: float = opt(1.0, "multiply advantages by this after normalisation", gt=0.0)
+    update_epochs: int = opt(1, "passes over each batch", ge=1)
+    num_minibatches: int = opt(1, "minibatches per pass (per rank)", ge=1)
+    reward_type: str = opt("chunk_level", "chunk_level: one reward per action chunk (sum over its "
+                           "steps); action_level: one per env step", choices=["chunk_level", "action_level"])
+    logprob_type: str = opt("token_level", "granularity of log-probs and ratios",
+                            choices=["token_level", "action_level", "chunk_level"])
+
+
+# --------------------------------------------------------------------------------- transport
+@dataclass
+class TransportConfig:
+    bind_host: str = opt("127.0.0.1", "interface the learner binds; a public one needs CURVE keys "
+                         "or allow_insecure_public_bind")
+    advertise_host: Optional[str] = opt(None, "address actors should connect to (null: bind_host, or "
+                                        "this host's name when binding 0.0.0.0)")
+    control_port: int = opt(5555, "learner rank 0 control (ROUTER) port", ge=1, le=65535)
+    weights_port: int = opt(5556, "learner rank 0 weight-server port", ge=1, le=65535)
+    trajectory_port: int = opt(5560, "learner rank r pulls trajectories on trajectory_port + r",
+                               ge=1, le=65535)
+    send_hwm: int = opt(4, "segments queued per actor before backpressure", ge=1)
+    recv_hwm: int = opt(8, "segments queued per learner rank before actors are pushed back", ge=1)
+    max_message_mb: int = opt(512, "largest accepted message (all frames), MiB", ge=1)
+    heartbeat_interval_s: float = opt(1.0, "seconds between heartbeats", gt=0.0)
+    heartbeat_timeout_s: float = opt(10.0, "an actor (or the learner) silent this long is gone", gt=0.0)
+    keys_dir: Optional[str] = opt(None, "CURVE keys directory made by `asyncvla keygen`; null: no "
+                                  "encryption (loopback only unless allow_insecure_public_bind)")
+    allow_insecure_public_bind: bool = opt(False, "allow binding a non-loopback interface without CURVE")
+
+
+# ----------------------------------------------------------------------------------- logging
+@dataclass
+class LoggingConfig:
+    output_dir: str = opt("runs", "root of run directories")
+    experiment_name: str = opt("asyncvla", "run directory name under output_dir")
+    log_interval_s: float = opt(5.0, "seconds between metric flushes to tensorboard", gt=0.0)
+    progress: bool = opt(True, "show a console progress line")
+    level: str = opt("INFO", "log level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+# -------------------------------------------------------------------------------- checkpoint
+@dataclass
+class CheckpointConfig:
+    save_interval: int = opt(50, "save a DeepSpeed checkpoint every this many updates (0: only at the end)",
+                             ge=0)
+    keep_last: int = opt(3, "keep this many most recent checkpoints", ge=1)
+    resume: Optional[str] = opt(None, "a run directory (its latest complete checkpoint) or a checkpoint "
+                                "directory to continue from")
+
+
+# -------------------------------------------------------------------------------------- eval
+@dataclass
+class EvalConfig:
+    eval_interval: int = opt(0, "evaluate every this many updates (0 disables)", ge=0)
+    num_episodes: int = opt(8, "episodes per evaluation", ge=1)
+    save_video: bool = opt(True, "write mp4 videos of evaluation episodes")
+    greedy: bool = opt(True, "evaluate with the most likely action tokens")
+
+
+# ------------------------------------------------------------------------------------ launch
+@dataclass
+class LaunchConfig:
+    num_learner_ranks: int = opt(1, "learner processes on this machine (deepspeed --num_gpus)", ge=1)
+    hostfile: Optional[str] = opt(None, "deepspeed hostfile for multi-node learners")
+    num_local_actors: int = opt(2, "actor processes started beside the learner", ge=0)
+    restart_actors: bool = opt(True, "restart a local actor that crashes")
+    max_actor_restarts: int = opt(5, "give up on an actor after this many restarts", ge=0)
+    sync: bool = opt(False, "serialise rollout and training (actors wait for new weights before each "
+                     "segment): the synchronous baseline")
+    master_port: int = opt(29500, "torch.distributed rendezvous port", ge=1, le=65535)
+
+
+@dataclass
+class Config:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+
+
+# ------------------------------------------------------------------------------- load & check
+def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Schema defaults <- YAML file <- dotted overrides, validated. Returns a typed `Config`."""
+    cfg = OmegaConf.structured(Config)
+    sources = []
+    if path is not None:
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file '{path}' does not exist")
+        try:
+            sources.append((str(path), OmegaConf.load(path)))
+        except Exception as e:  # YAML syntax errors
+            raise ConfigError(f"config file '{path}' is not valid YAML: {e}") from None
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value (e.g. actor.num_envs=4)")
+        sources.append((f"override '{item}'", OmegaConf.from_dotlist([item])))
+    for where, src in sources:
+        if not isinstance(src, DictConfig):
+            raise ConfigError(f"{where}: expected a mapping of sections, got {type(src).__name__}")
+        try:
+            cfg = OmegaConf.merge(cfg, src)
+        except OmegaConfBaseException as e:
+            raise ConfigError(_explain(e, where)) from None
+    config: Config = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    """Range and choice checks declared on the fields, plus checks across sections."""
+    problems = []
+    for key, value, meta in _walk(config):
+        problems += _check_field(key, value, meta)
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def _walk(obj, prefix=""):
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            yield from _walk(value, key + ".")
+        else:
+            yield key, value, f.metadata
+
+
+def _check_field(key, value, meta) -> list[str]:
+    if value is None:
+        return []
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        return [f"{key}={value!r} is not allowed; choose one of {list(choices)}"]
+    bounds = [("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
+              ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")]
+    for name, ok, sign in bounds:
+        bound = meta.get(name)
+        if bound is not None and isinstance(value, (int, float)) and not ok(value, bound):
+            return [f"{key}={value!r} is out of range; it must be {sign} {bound}"]
+    return []
+
+
+def _explain(e: OmegaConfBaseException, where: str) -> str:
+    """Turn an OmegaConf merge error into: which key, which value, what is allowed."""
+    key = getattr(e, "full_key", None) or "?"
+    msg = str(e).splitlines()[0]
+    if type(e).__name__ in ("ConfigKeyError", "ConfigAttributeError", "KeyValidationError"):
+        parent, _, leaf = key.rpartition(".")
+        allowed = _section_keys(parent)
+        hint = difflib.get_close_matches(leaf, allowed, n=1)
+        did_you_mean = f" (did you mean '{parent + '.' if parent else ''}{hint[0]}'?)" if hint else ""
+        return (f"{where}: unknown key '{key}'{did_you_mean}; allowed keys in "
+                f"'{parent or '<top level>'}': {', '.join(allowed)}")
+    value = getattr(e, "value", None) if hasattr(e, "value") else None
+    expected = _field_type(key)
+    return (f"{where}: bad value for '{key}'" + (f": {value!r}" if value is not None else "")
+            + (f"; expected {expected}" if expected else "") + f" ({msg})")
+
+
+def _section_keys(dotted: str) -> list[str]:
+    node: Any = Config()
+    for part in [p for p in dotted.split(".") if p]:
+        node = getattr(node, part, None)
+    return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
+
+
+def _field_type(dotted: str) -> str:
+    parent, _, leaf = dotted.rpartition(".")
+    node: Any = Config()
+    for part in [p for p in parent.split(".") if p]:
+        node = getattr(node, part, None)
+    if dataclasses.is_dataclass(node):
+        for f in dataclasses.fields(node):
+            if f.name == leaf:
+                return str(f.type).replace("typing.", "")
+    return ""
+
+
+# -------------------------------------------------------------------------------- conversions
+def to_dict(config: Config) -> dict:
+    """Plain nested dict (for checkpoints, the control channel, tensorboard text)."""
+    return dataclasses.asdict(config)
+
+
+def from_dict(data: dict) -> Config:
+    """Inverse of `to_dict`, validated (used by actors that receive their config from the learner)."""
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(data))
+    except OmegaConfBaseException as e:
+        raise ConfigError(_explain(e, "received config")) from None
+    config: Config = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    validate(config)
+    return config
+
+
+def to_yaml(config: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def describe() -> str:
+    """The configuration reference: every key with its default, allowed values and help."""
+    lines = []
+    for key, value, meta in _walk(Config()):
+        allowed = ""
+        if meta.get("choices") is not None:
+            allowed = " one of " + "|".join(map(str, meta["choices"]))
+        else:
+            signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+            rng = [f"{signs[k]}{meta[k]}" for k in signs if meta.get(k) is not None]
+            allowed = (" " + ",".join(rng)) if rng else ""
+        lines.append(f"{key} = {value!r}{allowed}\n    {meta.get('help', '')}")
+    return "\n".join(lines)
+
+
+def parse_overrides(items: List[str]) -> List[str]:
+    """Accept `key=value` and `--key=value` forms from a command line."""
+    return [i[2:] if i.startswith("--") else i for i in items]
+
+
+__all__ = ["Config", "ConfigError", "load_config", "validate", "to_dict", "from_dict", "to_yaml",
+           "describe", "parse_overrides", "ListConfig"]

@@ -1,0 +1,1 @@
+"""The VLA policy shared by actors (sampling) and learner (training)."""

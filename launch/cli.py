@@ -1,0 +1,35 @@
+"""The `asyncvla` command. Each subcommand lives in its own module and registers itself here.
+
+A subcommand module exposes `add_parser(subparsers)`, which adds its parser and sets
+`func(args) -> int` as the default handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Subcommand modules, in the order `asyncvla --help` lists them.
+SUBCOMMANDS = [
+    "asyncvla.launch.config_cmd",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asyncvla",
+        description="Asynchronous actor-learner RL for vision-language-action policies.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in SUBCOMMANDS:
+        importlib.import_module(name).add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

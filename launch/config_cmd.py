@@ -1,0 +1,31 @@
+"""`asyncvla config`: validate a config and print it resolved, or print the configuration reference."""
+
+from __future__ import annotations
+
+import sys
+
+from asyncvla.common.config import ConfigError, describe, load_config, parse_overrides, to_yaml
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("config", help="validate a config file (+ overrides) and print it resolved",
+                       description="Validate CONFIG with dotted overrides (key=value) and print the "
+                                   "resolved configuration; --describe prints every key with its "
+                                   "default, allowed values and meaning.")
+    p.add_argument("config", nargs="?", help="YAML file in the schema of common/config.py")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.num_envs=4")
+    p.add_argument("--describe", action="store_true", help="print the configuration reference")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.describe:
+        print(describe())
+        return 0
+    try:
+        config = load_config(args.config, parse_overrides(args.overrides))
+    except ConfigError as e:
+        print(f"asyncvla: config error: {e}", file=sys.stderr)
+        return 2
+    print(to_yaml(config), end="")
+    return 0

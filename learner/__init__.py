@@ -1,0 +1,1 @@
+"""Learner side: V-trace PPO math, the DeepSpeed engine, ingest, publishing, checkpoints."""
