@@ -116,7 +116,8 @@ class ActorConfig:
 class LearnerConfig:
     max_steps: int = opt(200, "stop after this many learner updates", ge=1)
     max_env_steps: Optional[int] = opt(None, "also stop after this many env steps (null: no limit)", ge=1)
-    segments_per_update: int = opt(4, "trajectory segments in one update, across all ranks", ge=1)
+    batch_trajectories: int = opt(8, "env trajectories of rollout_length steps in one update, across "
+                                  "all ranks (a segment from an actor with B envs holds B of them)", ge=1)
     micro_batch_size: int = opt(32, "samples (time steps x envs) per forward/backward on one rank", ge=1)
     lr: float = opt(1e-4, "learning rate of the policy (LoRA) parameters", gt=0.0)
     value_lr: float = opt(1e-3, "learning rate of the value head", gt=0.0)
