@@ -56,9 +56,10 @@ class EnvConfig:
                                            "task's own", ge=1)
     auto_reset: bool = opt(True, "reset an env as soon as its episode ends (training needs this)")
     ignore_terminations: bool = opt(False, "never end an episode on success/failure, only on the time limit")
-    seed: int = opt(0, "base seed; env i of actor a uses seed + 1000*a + i", ge=0)
-    use_fixed_reset_state_ids: bool = opt(False, "reset to a fixed sequence of initial states "
-                                          "(reproducible evaluation)")
+    seed: int = opt(0, "base seed; actor a seeds its envs with seed + 1000*a, and the k-th episode "
+                    "of its env i starts from a seed derived from (that seed, i, k)", ge=0)
+    use_fixed_reset_state_ids: bool = opt(False, "reset to a fixed sequence of initial states: every "
+                                          "reset() starts the sequence over (reproducible evaluation)")
 
 
 # ------------------------------------------------------------------------------------ policy
@@ -96,8 +97,13 @@ class PolicyConfig:
     lora_target_modules: str = opt(r".*text_model.*\.(q_proj|k_proj|v_proj|o_proj)",
                                    "regex of module names that get LoRA adapters")
     value_head_hidden: int = opt(256, "hidden width of the value-head MLP", ge=1)
+    state_dim: int = opt(0, "proprio dims S the policy reads as one extra prompt token (0 = none; "
+                         "must equal the env's state_dim when env.use_proprio)", ge=0)
+    init_seed: int = opt(0, "seed of the tiny backbone's random init and of the LoRA / value-head init "
+                         "(same seed, same weights)", ge=0)
     precision: str = opt("auto", "auto = bf16 on GPU, fp32 on CPU", choices=["auto", "fp32", "bf16"])
-    temperature: float = opt(1.0, "sampling temperature of action tokens", gt=0.0)
+    temperature: float = opt(1.0, "temperature of the action-token distribution softmax(logits/T): "
+                             "actors sample from it and the learner evaluates log-probs under it", gt=0.0)
 
 
 # ------------------------------------------------------------------------------------- actor
@@ -181,6 +187,9 @@ class TransportConfig:
     keys_dir: Optional[str] = opt(None, "CURVE keys directory made by `asyncvla keygen`; null: no "
                                   "encryption (loopback only unless allow_insecure_public_bind)")
     allow_insecure_public_bind: bool = opt(False, "allow binding a non-loopback interface without CURVE")
+    linger_ms: int = opt(1000, "at close, wait at most this long for queued messages to leave", ge=0)
+    reconnect_max_s: float = opt(5.0, "longest back-off between attempts to reach a learner that is gone",
+                                 gt=0.0)
 
 
 # ----------------------------------------------------------------------------------- logging

@@ -12,7 +12,10 @@ import sys
 
 # Subcommand modules, in the order `asyncvla --help` lists them.
 SUBCOMMANDS = [
+    "asyncvla.launch.train",
+    "asyncvla.launch.actor_cmd",
     "asyncvla.launch.config_cmd",
+    "asyncvla.launch.keygen",
 ]
 
 

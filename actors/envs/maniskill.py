@@ -1,0 +1,476 @@
+"""ManiSkill3 tasks behind the chunk-stepping interface of `make_env`.
+
+CPU (sim_backend physx_cpu): ManiSkill refuses num_envs > 1 on the CPU backend, so each env is a
+single-env `EpisodeRunner`; with several envs each runner lives in its own worker process
+(multiprocessing 'forkserver': the parent may hold threads, torch or sockets, which fork would
+copy) and runs the whole chunk there, so a chunk costs one round trip per env and the envs step in
+parallel. A single env runs in the calling process (no process start-up, no copies).
+
+GPU (sim_backend physx_cuda): one batched ManiSkill env (`ManiSkillBatchedEnv`; it also runs a
+single env with physx_cpu, which is how its logic is tested without a GPU).
+
+Images come from the configured camera, resized to the policy's size; the optional proprio state
+is ManiSkill's own state vector of its visual observation modes (robot qpos/qvel and the task's
+non-privileged extras, e.g. the goal position a camera cannot see).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import signal
+import traceback
+import weakref
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from asyncvla.actors.envs.base import (ChunkStep, EpisodeTracker, ResetSeeds, check_actions,
+                                       check_reward_type, reduce_reward, resize_images, run_chunk)
+from asyncvla.actors.envs.instructions import instruction_for
+
+START_TIMEOUT_S = 600.0   # creating an env takes 5-10 s alone, much longer on a busy machine
+STEP_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """What a worker needs to build its env (plain values: it crosses a process boundary)."""
+    env_id: str
+    obs_mode: str
+    control_mode: str
+    reward_mode: str
+    render_backend: str
+    max_episode_steps: Optional[int]
+    camera: str
+    use_proprio: bool
+    image_size: int
+    ignore_terminations: bool
+    auto_reset: bool
+
+
+def runner_spec(cfg, image_size: int) -> RunnerSpec:
+    return RunnerSpec(cfg.id, cfg.obs_mode, cfg.control_mode, cfg.reward_mode, cfg.render_backend,
+                      cfg.max_episode_steps, cfg.camera, cfg.use_proprio, image_size,
+                      cfg.ignore_terminations, cfg.auto_reset)
+
+
+def make_kwargs(spec: RunnerSpec, sim_backend: str, num_envs: int) -> dict:
+    """gym.make keyword arguments for a ManiSkill task."""
+    kwargs = dict(num_envs=num_envs, obs_mode=spec.obs_mode, control_mode=spec.control_mode,
+                  reward_mode=spec.reward_mode, sim_backend=sim_backend,
+                  render_backend=spec.render_backend)
+    if spec.max_episode_steps is not None:
+        kwargs["max_episode_steps"] = spec.max_episode_steps
+    return kwargs
+
+
+# ------------------------------------------------------------------------------ one CPU env
+class EpisodeRunner:
+    """One CPU ManiSkill env: resets, runs a chunk to the end of the episode, auto-resets."""
+
+    def __init__(self, spec: RunnerSpec):
+        import gymnasium as gym
+        import mani_skill.envs  # noqa: F401  (registers the tasks)
+        from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
+
+        self.spec = spec
+        self.env = CPUGymWrapper(gym.make(spec.env_id, **make_kwargs(spec, "physx_cpu", 1)))
+        self.base = self.env.unwrapped
+        self.tracker = EpisodeTracker(1)
+        self.ended = False
+        first = self._observe()   # checks the camera and gives the state size
+        self.info = {"action_dim": int(self.env.action_space.shape[0]),
+                     "state_dim": int(first["state"].shape[0]) if "state" in first else 0}
+
+    def reset(self, seed: int) -> dict:
+        self.tracker = EpisodeTracker(1)
+        return self._reset(seed)
+
+    def step_chunk(self, actions: np.ndarray, next_seed: int) -> dict:
+        """actions [K,D]; next_seed: the seed of the next episode should this one end."""
+        def step(action, active):
+            _, reward, terminated, truncated, info = self.env.step(action[0])
+            return ([reward], [bool(terminated)], [bool(truncated)], [bool(info.get("success", False))])
+
+        with _cameras_off(self.base):
+            out = run_chunk(step, actions[None], active=np.array([not self.ended]),
+                            ignore_terminations=self.spec.ignore_terminations)
+        self.tracker.add(out)
+        result = {"rewards": out.rewards[0], "terminated": out.terminated[0],
+                  "truncated": out.truncated[0], "success": out.success[0], "steps": int(out.steps[0]),
+                  "final_obs": None, "episode": None}
+        if out.done[0]:
+            result["final_obs"] = self._observe()
+            result["episode"] = self.tracker.finish(np.array([0]))[0]
+            if self.spec.auto_reset:
+                result["obs"] = self._reset(next_seed)
+            else:
+                self.ended = True
+                result["obs"] = result["final_obs"]
+        else:
+            result["obs"] = self._observe()
+        return result
+
+    def frame(self) -> np.ndarray:
+        """The camera image of the current observation at its own resolution."""
+        return self._frame
+
+    def close(self) -> None:
+        self.env.close()
+
+    def _reset(self, seed: int) -> dict:
+        obs, _ = self.env.reset(seed=int(seed))
+        self.ended = False
+        return self._convert(obs)
+
+    def _observe(self) -> dict:
+        from mani_skill.utils import common
+        return self._convert(common.unbatch(common.to_numpy(self.base.get_obs())))
+
+    def _convert(self, obs: dict) -> dict:
+        cameras = obs["sensor_data"]
+        if self.spec.camera not in cameras:
+            raise ValueError(f"env.camera={self.spec.camera!r} is not a camera of {self.spec.env_id}; "
+                             f"its cameras: {sorted(cameras)}")
+        self._frame = cameras[self.spec.camera]["rgb"]
+        out = {"image": resize_images(self._frame[None], self.spec.image_size)[0]}
+        if self.spec.use_proprio:
+            out["state"] = flat_state({"agent": obs["agent"], "extra": obs["extra"]})
+        return out
+
+
+@contextlib.contextmanager
+def _cameras_off(base_env):
+    """ManiSkill renders every camera on every step (~40 ms with the software renderer), but inside
+    a chunk only the observation after the last executed step is used. Stepping in the cheap
+    state_dict mode and rendering once afterwards (`get_obs`) gives the same images and rewards."""
+    mode = getattr(base_env, "_obs_mode", None)
+    if mode is None:          # another ManiSkill version: just render every step
+        yield
+        return
+    base_env._obs_mode = "state_dict"
+    try:
+        yield
+    finally:
+        base_env._obs_mode = mode
+
+
+def flat_state(tree: dict) -> np.ndarray:
+    """float32 [S]: the leaves of a nested observation dict in order."""
+    leaves = []
+
+    def walk(node):
+        for value in node.values():
+            if isinstance(value, dict):
+                walk(value)
+            else:
+                leaves.append(np.asarray(value, np.float32).reshape(-1))
+    walk(tree)
+    return np.concatenate(leaves) if leaves else np.zeros(0, np.float32)
+
+
+# -------------------------------------------------------------------------- CPU, batched
+class ManiSkillCPUEnv:
+    """num_envs CPU ManiSkill envs (one runner each; worker processes when more than one)."""
+
+    def __init__(self, cfg, num_envs: int, image_size: int, num_action_chunks: int, reward_type: str,
+                 seed: int, action_dim: Optional[int] = None):
+        check_reward_type(reward_type)
+        self.num_envs, self.num_action_chunks, self.reward_type = num_envs, num_action_chunks, reward_type
+        self.instructions = [instruction_for(cfg.id, cfg.instruction)] * num_envs
+        self._seeds = ResetSeeds(seed, num_envs, cfg.use_fixed_reset_state_ids)
+        self._started = False
+        spec = runner_spec(cfg, image_size)
+        self._envs: list = []
+        self._finalizer = weakref.finalize(self, _shutdown, self._envs)
+        try:
+            if num_envs == 1:
+                self._envs.append(_InProcess(spec))
+            else:
+                ctx = mp.get_context("forkserver")
+                self._envs.extend(_Worker(ctx, spec, i) for i in range(num_envs))
+            infos = [env.recv(START_TIMEOUT_S) for env in self._envs]
+        except BaseException:
+            self.close()
+            raise
+        self.action_dim, self.state_dim = infos[0]["action_dim"], infos[0]["state_dim"]
+        if action_dim is not None and action_dim != self.action_dim:
+            self.close()
+            raise ValueError(f"policy.action_dim={action_dim} but {cfg.id} with control_mode="
+                             f"{cfg.control_mode!r} takes {self.action_dim}-D actions")
+
+    def reset(self, seed: Optional[int] = None) -> dict:
+        """Start a new episode in every env (`seed` re-seeds as at construction)."""
+        self._seeds.restart(seed)
+        for i, env in enumerate(self._envs):
+            env.send("reset", self._seeds.take(i))
+        self._started = True
+        return _stack([env.recv(STEP_TIMEOUT_S) for env in self._envs])
+
+    def step_chunk(self, actions) -> ChunkStep:
+        if not self._started:
+            raise RuntimeError("call reset() before step_chunk()")
+        a = check_actions(actions, self.num_envs, self.num_action_chunks, self.action_dim)
+        for i, env in enumerate(self._envs):
+            env.send("step_chunk", a[i], self._seeds.peek(i))
+        results = [env.recv(STEP_TIMEOUT_S) for env in self._envs]
+        done = np.array([r["final_obs"] is not None for r in results])
+        for i in np.flatnonzero(done):
+            self._seeds.take(int(i))
+        done_index = np.flatnonzero(done).astype(np.int64)
+        episodes = []
+        for i in done_index:
+            episodes.append({**results[i]["episode"], "env": int(i)})
+        rewards = np.stack([r["rewards"] for r in results]).astype(np.float32)
+        final_obs = (_stack([results[i]["final_obs"] for i in done_index]) if len(done_index)
+                     else _empty_like(results[0]["obs"]))
+        return ChunkStep(obs=_stack([r["obs"] for r in results]),
+                         reward=reduce_reward(rewards, self.reward_type),
+                         terminated=np.array([r["terminated"] for r in results], bool),
+                         truncated=np.array([r["truncated"] for r in results], bool),
+                         success=np.array([r["success"] for r in results], bool),
+                         final_obs=final_obs, done_index=done_index, episodes=episodes,
+                         env_steps=int(sum(r["steps"] for r in results)))
+
+    def render_frames(self) -> np.ndarray:
+        """uint8 [B,h,w,3]: each env's camera image at the camera's own resolution."""
+        for env in self._envs:
+            env.send("frame")
+        return np.stack([env.recv(STEP_TIMEOUT_S) for env in self._envs])
+
+    def close(self) -> None:
+        """Close the envs and end the worker processes (also runs when the object is collected)."""
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _stack(obs_list: list[dict]) -> dict:
+    return {k: np.stack([o[k] for o in obs_list]) for k in obs_list[0]}
+
+
+def _empty_like(obs: dict) -> dict:
+    return {k: np.zeros((0,) + v.shape, v.dtype) for k, v in obs.items()}
+
+
+def _shutdown(envs: list) -> None:
+    for env in envs:
+        env.request_close()
+    for env in envs:
+        env.join()
+
+
+class _InProcess:
+    """A runner in this process, with the send/recv interface of a worker."""
+
+    def __init__(self, spec: RunnerSpec):
+        self.runner = EpisodeRunner(spec)
+        self._result = self.runner.info
+
+    def send(self, method: str, *args) -> None:
+        self._result = getattr(self.runner, method)(*args)
+
+    def recv(self, timeout: float):
+        return self._result
+
+    def request_close(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
+            self.runner = None
+
+    def join(self) -> None:
+        pass
+
+
+class _Worker:
+    """A runner in a child process, driven over a pipe: (method, args) -> (ok, result)."""
+
+    def __init__(self, ctx, spec: RunnerSpec, index: int):
+        self.index, self.env_id = index, spec.env_id
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, spec), daemon=True,
+                                name=f"env-worker-{index}")
+        self.proc.start()
+        child.close()
+
+    def send(self, method: str, *args) -> None:
+        self.conn.send((method, args))
+
+    def recv(self, timeout: float):
+        if not self.conn.poll(timeout):
+            raise TimeoutError(f"env worker {self.index} ({self.env_id}) gave no answer in {timeout:.0f} s")
+        try:
+            ok, result = self.conn.recv()
+        except (EOFError, ConnectionError):
+            self.proc.join(1.0)
+            raise RuntimeError(f"env worker {self.index} ({self.env_id}) died (exit code "
+                               f"{self.proc.exitcode})") from None
+        if not ok:
+            last = result.strip().splitlines()[-1]
+            raise RuntimeError(f"env worker {self.index} ({self.env_id}) failed: {last}\n{result}")
+        return result
+
+    def request_close(self) -> None:
+        try:
+            self.conn.send(("close", ()))
+        except (OSError, ValueError):
+            pass
+
+    def join(self) -> None:
+        self.proc.join(10.0)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(2.0)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()
+
+
+def _worker_main(conn, spec: RunnerSpec) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent handles Ctrl-C and closes us
+    import torch
+    torch.set_num_threads(1)                       # tiny tensors; threads would only contend
+    try:
+        runner = EpisodeRunner(spec)
+        conn.send((True, runner.info))
+    except Exception:
+        conn.send((False, traceback.format_exc()))
+        return
+    try:
+        while True:
+            try:
+                method, args = conn.recv()
+            except (EOFError, OSError):            # the parent is gone
+                break
+            if method == "close":
+                break
+            try:
+                conn.send((True, getattr(runner, method)(*args)))
+            except Exception:
+                conn.send((False, traceback.format_exc()))
+    finally:
+        runner.close()
+
+
+# ------------------------------------------------------------------------------ GPU, batched
+class ManiSkillBatchedEnv:
+    """All envs in one batched ManiSkill env (sim_backend physx_cuda; physx_cpu allows one env).
+
+    The simulator steps every env together, so an env whose episode ended inside a chunk keeps
+    moving; its final observation is captured at the step it ended and its later results are
+    ignored. Ended envs are reset together after the chunk (a partial reset). Seeds: reset() seeds
+    env i with the same per-env seed as the CPU path; later partial resets draw from ManiSkill's
+    own seeded random state, so fixed reset states hold for each env's first episode only.
+    """
+
+    def __init__(self, cfg, num_envs: int, image_size: int, num_action_chunks: int, reward_type: str,
+                 seed: int, action_dim: Optional[int] = None):
+        import gymnasium as gym
+        import mani_skill.envs  # noqa: F401
+        check_reward_type(reward_type)
+        self.spec = runner_spec(cfg, image_size)
+        self.num_envs, self.num_action_chunks, self.reward_type = num_envs, num_action_chunks, reward_type
+        self.instructions = [instruction_for(cfg.id, cfg.instruction)] * num_envs
+        self._seeds = ResetSeeds(seed, num_envs, cfg.use_fixed_reset_state_ids)
+        self.env = gym.make(cfg.id, **make_kwargs(self.spec, cfg.sim_backend, num_envs))
+        self.device = self.env.unwrapped.device
+        self.action_dim = int(self.env.unwrapped.single_action_space.shape[0])
+        if action_dim is not None and action_dim != self.action_dim:
+            raise ValueError(f"policy.action_dim={action_dim} but {cfg.id} with control_mode="
+                             f"{cfg.control_mode!r} takes {self.action_dim}-D actions")
+        self._obs = self._convert(self.env.unwrapped.get_obs())
+        self.state_dim = int(self._obs["state"].shape[1]) if "state" in self._obs else 0
+        self._ended = np.zeros(num_envs, bool)
+        self._tracker = EpisodeTracker(num_envs)
+        self._started = False
+
+    def reset(self, seed: Optional[int] = None) -> dict:
+        self._seeds.restart(seed)
+        obs, _ = self.env.reset(seed=[self._seeds.take(i) for i in range(self.num_envs)])
+        self._obs, self._tracker, self._started = self._convert(obs), EpisodeTracker(self.num_envs), True
+        self._ended[:] = False
+        return self._obs
+
+    def step_chunk(self, actions) -> ChunkStep:
+        import torch
+        if not self._started:
+            raise RuntimeError("call reset() before step_chunk()")
+        a = check_actions(actions, self.num_envs, self.num_action_chunks, self.action_dim)
+        last, finals, was_ended = {}, {}, self._ended.copy()
+
+        def step(action, active):
+            obs, reward, terminated, truncated, info = self.env.step(torch.from_numpy(action).to(self.device))
+            last["obs"] = obs
+            success = info.get("success", torch.zeros_like(terminated))
+            return tuple(_numpy(x) for x in (reward.float(), terminated, truncated, success))
+
+        def on_end(index):   # the simulator keeps stepping these envs: keep their final observation now
+            rows = self._convert(last["obs"], index)
+            for j, i in enumerate(index):
+                finals[int(i)] = {k: v[j] for k, v in rows.items()}
+
+        out = run_chunk(step, a, active=~self._ended, ignore_terminations=self.spec.ignore_terminations,
+                        on_end=on_end)
+        self._tracker.add(out)
+        done = np.flatnonzero(out.done)
+        obs = self._convert(last["obs"]) if last else self._obs
+        if len(done) and self.spec.auto_reset:
+            reset_obs, _ = self.env.reset(options={"env_idx": torch.as_tensor(done, device=self.device)})
+            obs = self._convert(reset_obs)
+        final_obs = ({k: np.stack([finals[int(i)][k] for i in done]) for k in obs} if len(done)
+                     else {k: v[:0] for k, v in obs.items()})
+        if not self.spec.auto_reset:   # an ended env shows its final observation until reset()
+            self._ended[done] = True
+            for k in obs:
+                obs[k][done] = final_obs[k]
+                obs[k][was_ended] = self._obs[k][was_ended]
+        self._obs = obs
+        return ChunkStep(obs=obs, reward=reduce_reward(out.rewards, self.reward_type),
+                         terminated=out.terminated, truncated=out.truncated, success=out.success,
+                         final_obs=final_obs, done_index=done.astype(np.int64),
+                         episodes=self._tracker.finish(done), env_steps=int(out.steps.sum()))
+
+    def render_frames(self) -> np.ndarray:
+        return self._frames
+
+    def close(self) -> None:
+        self.env.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _convert(self, obs: dict, index=None) -> dict:
+        cameras = obs["sensor_data"]
+        if self.spec.camera not in cameras:
+            raise ValueError(f"env.camera={self.spec.camera!r} is not a camera of {self.spec.env_id}; "
+                             f"its cameras: {sorted(cameras)}")
+        rows = slice(None) if index is None else _torch_index(index, self.device)
+        frames = _numpy(cameras[self.spec.camera]["rgb"][rows])
+        if index is None:
+            self._frames = frames
+        out = {"image": resize_images(frames, self.spec.image_size)}
+        if self.spec.use_proprio:
+            from mani_skill.utils import common
+            state = common.flatten_state_dict({"agent": obs["agent"], "extra": obs["extra"]},
+                                              use_torch=True, device=self.device)
+            out["state"] = _numpy(state[rows]).astype(np.float32)
+        return out
+
+
+def _numpy(x) -> np.ndarray:
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+
+
+def _torch_index(index: np.ndarray, device):
+    import torch
+    return torch.as_tensor(np.asarray(index, np.int64), device=device)

@@ -1,0 +1,127 @@
+"""The actor process: join the learner, then act and push segments until told to stop.
+
+    asyncvla actor --learner tcp://HOST:PORT [--num-envs N] [--device DEV]
+
+Everything else (config, policy, env, endpoints, current weights) comes from the learner. The
+loop, per segment:
+    take the newest published weights (in --sync mode: wait for a version newer than the last)
+    act on num_envs envs for rollout_length policy steps
+    push the segment (blocks or drops its oldest when the learner is slow)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from asyncvla.actors import rollout
+from asyncvla.actors.envs import make_env
+from asyncvla.common import transport
+from asyncvla.common.config import Config, from_dict
+from asyncvla.common.policy import VLAPolicy
+
+log = logging.getLogger("asyncvla.actor")
+
+
+def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
+        device: str | None = None, max_segments: int | None = None, actor_index: int | None = None,
+        tcfg=None) -> int:
+    """Join the learner at `learner` (its control endpoint) and act until it finishes."""
+    actor_id = actor_id or f"{socket.gethostname()}-{os.getpid()}"
+    stop = _stop_event()
+    from asyncvla.common.config import TransportConfig
+    client = transport.LearnerClient(learner, actor_id, tcfg or TransportConfig())
+    welcome = client.join(stop=stop)
+    if welcome is None:
+        return 0
+    cfg: Config = from_dict(welcome["config"])
+    cfg.actor.num_envs = num_envs or cfg.actor.num_envs
+    cfg.actor.device = device or cfg.actor.device
+    torch.set_num_threads(1)   # actors are many; one core each
+
+    policy_dir, tmp = _policy_dir(welcome["policy"], client)
+    policy = VLAPolicy.from_pretrained(policy_dir, device=cfg.actor.device)
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+    weights = transport.WeightSubscriber(welcome["weights_endpoint"], cfg.transport)
+    sender = transport.TrajectorySender(welcome["trajectory_endpoints"], cfg.transport,
+                                        backpressure=cfg.actor.backpressure)
+    if actor_index is None:   # a standalone actor: seed apart from the others by its id
+        actor_index = zlib.crc32(actor_id.encode()) % 100_000
+    seed = cfg.env.seed + 1000 * actor_index
+    env = make_env(cfg.env, cfg.actor.num_envs, cfg.policy.image_size, cfg.policy.num_action_chunks,
+                   cfg.algorithm.reward_type, seed=seed)
+    generator = torch.Generator(device=cfg.actor.device).manual_seed(cfg.actor.seed + seed)
+    tokenize = rollout.InstructionCache(policy)
+    per_version = _segments_per_version(cfg)
+    log.info("actor %s: %d envs of %s, policy on %s", actor_id, env.num_envs, cfg.env.id, cfg.actor.device)
+
+    version, state, seq, sent_at_version = -1, rollout.start(env), 0, 0
+    try:
+        while not stop.is_set() and not client.finished and (max_segments is None or seq < max_segments):
+            # Swap weights only between segments, so a segment comes from one version.
+            if cfg.launch.sync and sent_at_version >= per_version:
+                new = weights.wait_newer(version, timeout=1.0)
+            else:
+                new = weights.poll_newest(newer_than=version) if version >= 0 else \
+                    weights.wait_newer(version, timeout=1.0)
+            if new is not None:
+                version, tensors = new
+                policy.load_trainable_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()})
+                sent_at_version = 0
+            if version < 0 or (cfg.launch.sync and sent_at_version >= per_version):
+                continue
+            arrays, info = rollout.collect_segment(env, policy, tokenize, state, cfg.actor.rollout_length,
+                                                   cfg.policy.temperature, generator)
+            meta = {"actor_id": actor_id, "seq": seq, "policy_version": version,
+                    "num_steps": cfg.actor.rollout_length, "num_envs": env.num_envs,
+                    "env_steps": info["env_steps"], "act_s": info["act_s"], "env_s": info["env_s"]}
+            sender.send(transport.Segment(meta=meta, arrays=arrays))
+            seq += 1
+            sent_at_version += 1
+    finally:
+        env.close()
+        for c in (sender, weights, client):
+            c.close()
+    log.info("actor %s: stopped after %d segments (%d dropped)", actor_id, seq, sender.dropped)
+    return 0
+
+
+def _segments_per_version(cfg: Config) -> int:
+    """--sync: each local actor sends its share of one batch, then waits for the next weights."""
+    producers = max(1, cfg.launch.num_local_actors) * cfg.actor.num_envs
+    return max(1, -(-cfg.learner.batch_trajectories // producers))
+
+
+def _policy_dir(spec: dict, client) -> tuple[str, str | None]:
+    """The policy directory: the learner's path if readable here, else its files fetched once."""
+    path = spec.get("path")
+    if path and (Path(path) / "policy.json").exists():
+        return path, None
+    tmp = tempfile.mkdtemp(prefix="asyncvla-policy-")
+    for rel, data in client.fetch_policy_files().items():
+        target = Path(tmp) / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    return tmp, tmp
+
+
+def _stop_event() -> threading.Event:
+    stop = threading.Event()
+
+    def handler(signum, frame):
+        stop.set()
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop

@@ -1,0 +1,465 @@
+"""VLAPolicy: one model for the actors (sampling) and the learner (training).
+
+The VLM (Idefics3 / SmolVLM: SigLIP vision + Llama text) reads the image and the instruction and
+predicts N = K*D action tokens; a value head reads the hidden state of the last prompt token.
+`act` samples the action tokens autoregressively with the KV cache (no grad); `evaluate`
+teacher-forces given action tokens (with grad). Both take their log-probs, entropies and values
+from one function, `_score` (a teacher-forced pass turned into numbers by `token_logprobs`), at the
+same temperature (`policy.temperature` unless overridden), so the learner's log-probs of the
+behaviour tokens reproduce the actor's exactly for the same weights and inputs.
+
+The root module owns no parameters of its own (DeepSpeed ZeRO-3 gathers parameters with hooks on
+submodules), and the VLM's submodules are always called, never their weights read, for the same reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import json
+import os
+import tempfile
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..config import BackboneConfig, PolicyConfig
+from .action_tokenizer import ActionTokenizer
+from .backbone import (ImageSpec, base_state_dict, check_backbone_dir, load_backbone, quiet,
+                       write_tiny_backbone)
+from .logprobs import action_log_softmax, reduce_logprobs, token_logprobs
+from .prompt import make_layout, tokenize_instructions
+from .value_head import StateEncoder, ValueHead
+
+POLICY_FILE = "policy.json"
+BACKBONE_DIR = "backbone"
+ADAPTER_DIR = "adapter"
+HEADS_FILE = "heads.safetensors"
+HEAD_PREFIXES = ("value_head.", "state_encoder.")
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+FORMAT = "asyncvla-vla-policy"
+FORMAT_VERSION = 1
+# Settings that shape the network or its inputs/outputs: a checkpoint used as policy.pretrained_path
+# must agree with the config on these.
+STRUCTURAL_KEYS = ("image_size", "action_dim", "num_action_chunks", "n_bins", "max_instruction_tokens",
+                   "state_dim", "is_lora", "lora_rank")
+
+
+class ActOutput(NamedTuple):
+    actions: np.ndarray        # float32 [B, K, D], bin centres in [-1, 1]
+    action_tokens: np.ndarray  # int64 [B, N] vocabulary ids
+    logprobs: np.ndarray       # float32 [B, N] token level, under the sampling temperature
+    values: np.ndarray         # float32 [B]
+
+
+class EvalOutput(NamedTuple):
+    logprobs: torch.Tensor     # float32 [B, M], M = N, K or 1 (token / action / chunk level)
+    entropy: torch.Tensor      # float32 [B, M], entropy over the action bins, summed like logprobs
+    values: torch.Tensor       # float32 [B]
+
+
+def resolve_dtype(precision: str, device) -> torch.dtype:
+    """auto = bf16 on a GPU, fp32 elsewhere."""
+    if precision == "fp32":
+        return torch.float32
+    if precision == "bf16":
+        return torch.bfloat16
+    if precision == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    raise ValueError(f"policy.precision={precision!r} is not allowed; choose one of ['auto', 'fp32', 'bf16']")
+
+
+class VLAPolicy(nn.Module):
+    def __init__(self, backbone: nn.Module, tokenizer, image_spec: ImageSpec, cfg: PolicyConfig):
+        super().__init__()
+        self.backbone = backbone  # the VLM, wrapped by peft when LoRA is on
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.image_spec = image_spec
+        vlm = self._vlm
+        hidden = vlm.config.text_config.hidden_size
+        vocab = vlm.lm_head.out_features
+        self.action_tokenizer = ActionTokenizer(n_bins=cfg.n_bins, vocab_size=vocab)
+        self.value_head = ValueHead(hidden, cfg.value_head_hidden)
+        self.state_encoder = StateEncoder(cfg.state_dim, hidden) if cfg.state_dim > 0 else None
+        vc = vlm.config.vision_config
+        image_seq_len = (vc.image_size // vc.patch_size) ** 2 // vlm.config.scale_factor ** 2
+        self.layout = make_layout(tokenizer, vlm.config.image_token_id, image_seq_len,
+                                  cfg.max_instruction_tokens, state_token=cfg.state_dim > 0)
+
+    # ------------------------------------------------------------------------ construction
+    @classmethod
+    def build(cls, cfg: PolicyConfig, device="cpu", dtype: torch.dtype | None = None) -> "VLAPolicy":
+        """The tiny backbone from cfg.backbone, or cfg.pretrained_path: a policy saved by
+        `save_pretrained` (continued as it is) or a Hugging Face VLM (fresh LoRA and value head)."""
+        path = cfg.pretrained_path
+        dtype = dtype or resolve_dtype(cfg.precision, device)
+        if path and os.path.isfile(os.path.join(path, POLICY_FILE)):
+            policy = cls.from_pretrained(path, device=device, dtype=dtype)
+            policy._check_matches(cfg, path)
+            policy.cfg = dataclasses.replace(policy.cfg, temperature=cfg.temperature, precision=cfg.precision,
+                                             pretrained_path=path)
+            return policy
+        with (contextlib.nullcontext(path) if path else tempfile.TemporaryDirectory()) as src:
+            if not path:  # written and then loaded like any checkpoint
+                write_tiny_backbone(src, cfg.backbone, cfg.image_size, cfg.n_bins, seed=cfg.init_seed)
+            vlm, tokenizer, image_spec = load_backbone(src, dtype)
+        return cls._assemble(vlm, tokenizer, image_spec, cfg, device)
+
+    @classmethod
+    def from_pretrained(cls, path: str, device="cpu", dtype: torch.dtype | None = None) -> "VLAPolicy":
+        """Load a directory written by `save_pretrained`.
+
+        A missing piece raises FileNotFoundError naming the file."""
+        meta = _read_policy_json(path)
+        cfg = _policy_config_from_dict(meta["policy"])
+        _require(path, HEADS_FILE)
+        if cfg.is_lora:
+            for name in ADAPTER_FILES:
+                _require(path, os.path.join(ADAPTER_DIR, name))
+        check_backbone_dir(os.path.join(path, BACKBONE_DIR))
+        dtype = dtype or resolve_dtype(cfg.precision, device)
+        vlm, tokenizer, _ = load_backbone(os.path.join(path, BACKBONE_DIR), dtype)
+        image_spec = ImageSpec(**{k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in meta["image"].items()})
+        policy = cls._assemble(vlm, tokenizer, image_spec, cfg, device,
+                               adapter_dir=os.path.join(path, ADAPTER_DIR),
+                               heads_file=os.path.join(path, HEADS_FILE))
+        if (policy.action_tokenizer.to_dict() != meta["action_tokens"]
+                or policy.layout.to_dict() != meta["prompt"]):
+            raise ValueError(f"policy checkpoint '{path}': the backbone's vocabulary or tokenizer does not "
+                             f"match the action-token spec / prompt layout recorded in {POLICY_FILE}")
+        return policy
+
+    @classmethod
+    def _assemble(cls, vlm, tokenizer, image_spec, cfg, device, adapter_dir=None, heads_file=None):
+        cfg = dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone))
+        if vlm.lm_head.out_features <= cfg.n_bins:
+            raise ValueError(f"policy.n_bins={cfg.n_bins} must be smaller than the vocabulary "
+                             f"({vlm.lm_head.out_features} ids): action tokens are its last n_bins ids")
+        # Seeded so that two processes building the same config get the same LoRA / heads init.
+        with torch.random.fork_rng(devices=[]), quiet():
+            torch.manual_seed(cfg.init_seed)
+            if cfg.is_lora and adapter_dir is not None:
+                backbone = PeftModel.from_pretrained(vlm, adapter_dir, is_trainable=True)
+            elif cfg.is_lora:
+                lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                                  target_modules=cfg.lora_target_modules)
+                try:
+                    backbone = get_peft_model(vlm, lora)
+                except ValueError as e:
+                    raise ValueError(f"policy.lora_target_modules={cfg.lora_target_modules!r} matches no "
+                                     f"module of the backbone ({e})") from None
+            else:
+                backbone = vlm
+            policy = cls(backbone, tokenizer, image_spec, cfg)
+        if heads_file is not None:
+            heads = load_file(heads_file)
+            own = {n: p for n, p in policy.named_parameters() if n.startswith(HEAD_PREFIXES)}
+            if set(heads) != set(own):
+                raise ValueError(f"'{heads_file}' holds {sorted(heads)}; this policy's heads are "
+                                 f"{sorted(own)}")
+            with torch.no_grad():
+                for n, p in own.items():
+                    p.copy_(heads[n])
+        for name, p in policy.named_parameters():
+            p.requires_grad_(policy._is_trainable(name))
+        return policy.to(torch.device(device)).eval()
+
+    def _check_matches(self, cfg: PolicyConfig, path: str):
+        for key in STRUCTURAL_KEYS:
+            if getattr(cfg, key) != getattr(self.cfg, key):
+                raise ValueError(f"policy.{key}={getattr(cfg, key)!r} but the checkpoint "
+                                 f"policy.pretrained_path='{path}' was saved with "
+                                 f"{key}={getattr(self.cfg, key)!r}")
+
+    # ------------------------------------------------------------------------- properties
+    @property
+    def _vlm(self):
+        return self.backbone.get_base_model() if isinstance(self.backbone, PeftModel) else self.backbone
+
+    @property
+    def device(self) -> torch.device:
+        return self.value_head.fc1.weight.device
+
+    @property
+    def temperature(self) -> float:
+        return self.cfg.temperature
+
+    @property
+    def num_action_tokens(self) -> int:
+        return self.cfg.num_action_chunks * self.cfg.action_dim
+
+    # ------------------------------------------------------------------------ entry points
+    def tokenize(self, texts) -> tuple[np.ndarray, np.ndarray]:
+        """list[str] -> ids int64 [B, L], mask uint8 [B, L] (left-padded); too long raises ValueError."""
+        return tokenize_instructions(self.tokenizer, texts, self.cfg.max_instruction_tokens,
+                                     self.layout.pad_id)
+
+    @torch.no_grad()
+    def act(self, image, ids, mask, state=None, temperature: float | None = None, greedy: bool = False,
+            generator: torch.Generator | None = None) -> ActOutput:
+        """Sample a chunk of actions (numpy outputs). Tokens are drawn one by one with the KV cache from
+        softmax(logits / T) over the action ids (T = policy.temperature unless given); greedy takes the
+        argmax. The reported log-probs (under T, greedy too) and values then come from one
+        teacher-forced pass over the sampled tokens: the computation `evaluate` does, so actor and
+        learner agree to the last bit on the same inputs (the cached logits differ by rounding only)."""
+        temperature = self.temperature if temperature is None else temperature
+        image, ids, mask, state = self._inputs(image, ids, mask, state)
+        prompt = self._prompt(image, ids, mask, state)
+        bins = self._sample(prompt, temperature, greedy, generator)
+        logp, _, values = self._score(prompt, bins, temperature)
+        tokens = bins + self.action_tokenizer.first_id
+        actions = self.action_tokenizer.from_bins(bins.cpu()).reshape(
+            -1, self.cfg.num_action_chunks, self.cfg.action_dim)
+        return ActOutput(actions.numpy(), tokens.cpu().numpy(), logp.cpu().numpy(), values.cpu().numpy())
+
+    def evaluate(self, image, ids, mask, state, action_tokens, logprob_type: str = "token_level",
+                 temperature: float | None = None) -> EvalOutput:
+        """Teacher-forced log-probs, entropies and values of given action tokens (with grad).
+        Log-probs are under softmax(logits / T), T = policy.temperature unless given, as in `act`."""
+        temperature = self.temperature if temperature is None else temperature
+        image, ids, mask, state = self._inputs(image, ids, mask, state)
+        bins = self._action_token_input(action_tokens, ids.shape[0]) - self.action_tokenizer.first_id
+        logp, entropy, values = self._score(self._prompt(image, ids, mask, state), bins, temperature)
+        k, d = self.cfg.num_action_chunks, self.cfg.action_dim
+        return EvalOutput(reduce_logprobs(logp, logprob_type, k, d),
+                          reduce_logprobs(entropy, logprob_type, k, d), values)
+
+    def forward(self, *args, **kwargs) -> EvalOutput:
+        """Same as `evaluate`, so a DeepSpeed engine wrapping this module can be called directly."""
+        return self.evaluate(*args, **kwargs)
+
+    def value(self, image, ids, mask, state=None) -> torch.Tensor:
+        """V(x) [B] fp32 from the prompt alone (for bootstrapping truncated episodes)."""
+        image, ids, mask, state = self._inputs(image, ids, mask, state)
+        embeds, attn, pos = self._prompt(image, ids, mask, state)
+        hidden = self._decode(embeds, attn, pos, cache=None, use_cache=False).last_hidden_state
+        return self.value_head(hidden[:, -1])
+
+    # --------------------------------------------------------------- trainable parameters
+    def _is_trainable(self, name: str) -> bool:
+        if not self.cfg.is_lora:
+            return True
+        return ".lora_" in name or name.startswith(HEAD_PREFIXES)
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Detached copies of what training changes (LoRA + heads, or every parameter without LoRA):
+        what weight publishing ships."""
+        return {n: p.detach().clone() for n, p in self.named_parameters() if self._is_trainable(n)}
+
+    def load_trainable_state_dict(self, state: dict) -> None:
+        """Copy tensors (torch or numpy, any float dtype) from `trainable_state_dict()` of another copy."""
+        own = {n: p for n, p in self.named_parameters() if self._is_trainable(n)}
+        missing, unexpected = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
+        if missing or unexpected:
+            raise KeyError(f"trainable state dict does not match this policy: {len(missing)} missing "
+                           f"(e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]})")
+        with torch.no_grad():
+            for name, p in own.items():
+                value = torch.as_tensor(state[name])
+                if tuple(value.shape) != tuple(p.shape):
+                    raise ValueError(f"trainable tensor '{name}': expected shape {tuple(p.shape)}, "
+                                     f"got {tuple(value.shape)}")
+                p.copy_(value.to(device=p.device, dtype=p.dtype))
+
+    # ------------------------------------------------------------------------- save / load
+    def save_pretrained(self, path: str) -> None:
+        """Write backbone/ (HF checkpoint + tokenizer), adapter/ (peft files, LoRA only),
+        heads.safetensors and policy.json (action-token spec, prompt layout, image spec, settings)."""
+        os.makedirs(path, exist_ok=True)
+        vlm = self._vlm
+        with quiet():
+            vlm.save_pretrained(os.path.join(path, BACKBONE_DIR), state_dict=base_state_dict(vlm))
+            self.tokenizer.save_pretrained(os.path.join(path, BACKBONE_DIR))
+        if isinstance(self.backbone, PeftModel):
+            # peft's own layout, written by hand: the base it belongs to is the backbone/ beside it
+            # (not where it was first loaded from), and no model card.
+            adapter_dir = os.path.join(path, ADAPTER_DIR)
+            conf = copy.deepcopy(self.backbone.peft_config["default"])
+            conf.base_model_name_or_path, conf.inference_mode = None, True
+            conf.save_pretrained(adapter_dir)
+            lora = get_peft_model_state_dict(self.backbone, save_embedding_layers=False)
+            lora = {k: v.detach().cpu().contiguous() for k, v in lora.items()}
+            save_file(lora, os.path.join(adapter_dir, ADAPTER_FILES[1]), metadata={"format": "pt"})
+        heads = {n: p.detach().cpu().contiguous() for n, p in self.named_parameters()
+                 if n.startswith(HEAD_PREFIXES)}
+        save_file(heads, os.path.join(path, HEADS_FILE))
+        policy = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "pretrained_path"}
+        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "policy": policy,
+                "action_tokens": self.action_tokenizer.to_dict(), "prompt": self.layout.to_dict(),
+                "image": {k: list(v) if isinstance(v, tuple) else v
+                          for k, v in dataclasses.asdict(self.image_spec).items()}}
+        with open(os.path.join(path, POLICY_FILE), "w") as f:
+            json.dump(meta, f, indent=2)
+
+    # ---------------------------------------------------------------------------- internals
+    def _inputs(self, image, ids, mask, state):
+        """Validate the observation batch and move it to the policy's device."""
+        size = self.cfg.image_size
+        image = _as_tensor(image)
+        if image.dtype != torch.uint8 or image.ndim != 4 or tuple(image.shape[1:]) != (size, size, 3):
+            raise ValueError(f"image must be uint8 [B, {size}, {size}, 3] (policy.image_size={size}); got "
+                             f"{str(image.dtype).replace('torch.', '')} {list(image.shape)}")
+        b = image.shape[0]
+        ids, mask = _as_tensor(ids), _as_tensor(mask)
+        n_tok = self.cfg.max_instruction_tokens
+        if ids.ndim != 2 or ids.shape[0] != b or ids.is_floating_point():
+            raise ValueError(f"instruction ids must be integer [B={b}, {n_tok}]; got "
+                             f"{str(ids.dtype).replace('torch.', '')} {list(ids.shape)}")
+        if ids.shape[1] != n_tok:
+            raise ValueError(f"instruction ids have {ids.shape[1]} tokens per row; the limit is "
+                             f"policy.max_instruction_tokens={n_tok} (use policy.tokenize)")
+        if tuple(mask.shape) != tuple(ids.shape):
+            raise ValueError(f"instruction mask must have the shape of the ids {list(ids.shape)}; "
+                             f"got {list(mask.shape)}")
+        if mask.numel() and not ((mask == 0) | (mask == 1)).all():
+            raise ValueError("instruction mask must hold only 0 (padding) and 1 (token)")
+        vocab = self.action_tokenizer.vocab_size
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            raise ValueError(f"instruction ids must lie in [0, {vocab}); got values in "
+                             f"[{int(ids.min())}, {int(ids.max())}]")
+        s_dim = self.cfg.state_dim
+        if s_dim > 0:
+            if state is None:
+                raise ValueError(f"this policy reads a proprio state (policy.state_dim={s_dim}); got none")
+            state = _as_tensor(state)
+            if tuple(state.shape) != (b, s_dim) or not state.is_floating_point():
+                raise ValueError(f"state must be float [B={b}, {s_dim}]; got "
+                                 f"{str(state.dtype).replace('torch.', '')} {list(state.shape)}")
+            state = state.to(self.device, torch.float32)
+        elif state is not None and _as_tensor(state).numel() > 0:
+            raise ValueError(f"got a state of shape {list(_as_tensor(state).shape)} but policy.state_dim=0 "
+                             "(set policy.state_dim to the env's state dim to use proprio)")
+        else:
+            state = None
+        dev = self.device
+        return image.to(dev), ids.to(dev, torch.long), mask.to(dev, torch.long), state
+
+    def _action_token_input(self, action_tokens, batch: int) -> torch.Tensor:
+        tokens = _as_tensor(action_tokens)
+        n = self.num_action_tokens
+        if tokens.ndim != 2 or tuple(tokens.shape) != (batch, n) or tokens.is_floating_point():
+            raise ValueError(f"action_tokens must be integer [B={batch}, N={n}] "
+                             f"(K={self.cfg.num_action_chunks} x D={self.cfg.action_dim}); got "
+                             f"{str(tokens.dtype).replace('torch.', '')} {list(tokens.shape)}")
+        first, vocab = self.action_tokenizer.first_id, self.action_tokenizer.vocab_size
+        if int(tokens.min()) < first or int(tokens.max()) >= vocab:
+            raise ValueError(f"action_tokens must be action-token ids in [{first}, {vocab}); got values in "
+                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+        return tokens.to(self.device, torch.long)
+
+    def _sample(self, prompt, temperature: float, greedy: bool, generator) -> torch.Tensor:
+        """Autoregressive decoding of the N action tokens with the KV cache -> bins int64 [B, N]."""
+        embeds, attn, pos = prompt
+        out = self._decode(embeds, attn, pos, cache=None, use_cache=True)
+        bins = []
+        for i in range(self.num_action_tokens):
+            logits = self._action_logits(out.last_hidden_state[:, -1])  # [B, n_bins]
+            bins.append(self._choose(logits, temperature, greedy, generator))
+            if i + 1 < self.num_action_tokens:
+                attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], 1)
+                pos = pos[:, -1:] + 1
+                embeds = self._embed(bins[-1][:, None] + self.action_tokenizer.first_id)
+                out = self._decode(embeds, attn, pos, cache=out.past_key_values, use_cache=True)
+        return torch.stack(bins, 1)
+
+    def _score(self, prompt, bins: torch.Tensor, temperature: float):
+        """Teacher-forced pass over prompt + action tokens -> token log-probs [B, N], entropies [B, N],
+        values [B]. The single place where act and evaluate get their numbers."""
+        embeds, attn, pos = prompt
+        p, n = embeds.shape[1], self.num_action_tokens
+        # The last action token predicts nothing we score, so it is not fed.
+        embeds = torch.cat([embeds, self._embed(bins[:, :-1] + self.action_tokenizer.first_id)], 1)
+        attn = torch.cat([attn, attn.new_ones(attn.shape[0], n - 1)], 1)
+        pos = torch.cat([pos, pos[:, -1:] + torch.arange(1, n, device=pos.device)], 1)
+        hidden = self._decode(embeds, attn, pos, cache=None, use_cache=False).last_hidden_state
+        logp, entropy = token_logprobs(self._action_logits(hidden[:, p - 1:]), bins, temperature)
+        return logp, entropy, self.value_head(hidden[:, p - 1])
+
+    def _pixels(self, image: torch.Tensor) -> torch.Tensor:
+        """uint8 [B, H, W, 3] -> normalised [B, 3, h, w] as the checkpoint's image processor would."""
+        spec = self.image_spec
+        x = image.permute(0, 3, 1, 2).float() * spec.rescale
+        if x.shape[-1] != spec.model_size:
+            # Bicubic with antialiasing, clamped like 8-bit pixels, is the closest torch op to the
+            # processors' Lanczos resize.
+            x = torch.nn.functional.interpolate(x, size=(spec.model_size, spec.model_size), mode="bicubic",
+                                                antialias=True, align_corners=False)
+            x = x.clamp(0, 255 * spec.rescale)
+        mean = torch.tensor(spec.mean, device=x.device).view(1, 3, 1, 1)
+        std = torch.tensor(spec.std, device=x.device).view(1, 3, 1, 1)
+        vision = self._vlm.model.vision_model
+        return ((x - mean) / std).to(vision.embeddings.patch_embedding.weight.dtype)
+
+    def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self._vlm.get_input_embeddings()(token_ids)
+
+    def _prompt(self, image, ids, mask, state):
+        """Prompt embeddings [B, P, H], attention mask [B, P] and position ids [B, P]."""
+        lay, b = self.layout, ids.shape[0]
+        fixed = torch.tensor(lay.fixed_ids, device=ids.device).expand(b, -1)
+        embeds = self._embed(torch.cat([fixed, ids], 1))
+        vm = self._vlm.model
+        feats = vm.connector(vm.vision_model(pixel_values=self._pixels(image)).last_hidden_state)
+        s, n = lay.image_start, lay.image_seq_len
+        parts = [embeds[:, :s], feats.to(embeds.dtype), embeds[:, s + n:]]
+        attn = [mask.new_ones(b, fixed.shape[1]), mask]
+        if self.state_encoder is not None:
+            parts.append(self.state_encoder(state, embeds.dtype))
+            attn.append(mask.new_ones(b, 1))
+        attn = torch.cat(attn, 1)
+        pos = (attn.cumsum(1) - 1).clamp(min=0)
+        return torch.cat(parts, 1), attn, pos
+
+    def _decode(self, embeds, attn, pos, cache, use_cache: bool):
+        return self._vlm.model.text_model(inputs_embeds=embeds, attention_mask=attn, position_ids=pos,
+                                          past_key_values=cache, use_cache=use_cache)
+
+    def _action_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of the action ids only (the last n_bins of the vocabulary): [..., n_bins]."""
+        return self._vlm.lm_head(hidden)[..., self.action_tokenizer.first_id:]
+
+    @staticmethod
+    def _choose(logits: torch.Tensor, temperature: float, greedy: bool, generator) -> torch.Tensor:
+        if greedy:
+            return logits.argmax(-1)
+        probs = action_log_softmax(logits, temperature).exp()
+        if generator is not None and generator.device != probs.device:
+            probs = probs.to(generator.device)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
+
+
+# ------------------------------------------------------------------------------- helpers
+def _as_tensor(x) -> torch.Tensor:
+    return x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
+
+
+def _require(path: str, rel: str) -> None:
+    if not os.path.isfile(os.path.join(path, rel)):
+        raise FileNotFoundError(f"policy checkpoint '{path}' is missing '{rel}' (written by "
+                                "VLAPolicy.save_pretrained)")
+
+
+def _read_policy_json(path: str) -> dict:
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"policy checkpoint directory '{path}' does not exist")
+    _require(path, POLICY_FILE)
+    with open(os.path.join(path, POLICY_FILE)) as f:
+        meta = json.load(f)
+    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"'{os.path.join(path, POLICY_FILE)}' has format {meta.get('format')!r} version "
+                         f"{meta.get('format_version')!r}; expected {FORMAT!r} version {FORMAT_VERSION}")
+    return meta
+
+
+def _policy_config_from_dict(d: dict) -> PolicyConfig:
+    names = {f.name for f in dataclasses.fields(PolicyConfig)}
+    bnames = {f.name for f in dataclasses.fields(BackboneConfig)}
+    backbone = BackboneConfig(**{k: v for k, v in d.get("backbone", {}).items() if k in bnames})
+    return PolicyConfig(**{k: v for k, v in d.items() if k in names and k != "backbone"}, backbone=backbone)

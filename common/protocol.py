@@ -1,0 +1,474 @@
+"""Messages between actors and learner: one msgpack header frame + one raw frame per array.
+
+On the wire a message is a list of frames:
+
+    frame 0    msgpack map {"type": kind, "v": SCHEMA_VERSION, "meta": {...},
+                            "arrays": [[name, dtype, [dim, ...]], ...]}
+    frame 1..  the C-order bytes of each declared array, exactly prod(shape) * itemsize long
+
+`decode` returns numpy arrays that view the received frames (no copy). Nothing is ever
+pickled; dtypes come from an allow-list. Every check failure raises `ValidationError` whose
+`reason` names the kind of problem (receivers count drops per reason).
+
+Message kinds: "segment" (actor -> learner rank, schema in `SEGMENT_FIELDS`), "weights"
+(learner -> actor: version + named tensors), and the small control messages of `CONTROL_META`.
+This module has no sockets; common/transport.py moves the frames.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import msgpack
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+# bfloat16 has no numpy dtype: it travels as its raw uint16 bits with the tag "bfloat16".
+DTYPES = {name: np.dtype(dt) for name, dt in [
+    ("uint8", np.uint8), ("bool", np.bool_), ("int32", np.int32), ("int64", np.int64),
+    ("float16", np.float16), ("float32", np.float32), ("bfloat16", np.uint16)]}
+FLOAT_TAGS = ("float16", "float32", "bfloat16")
+_TAG_OF = {np.dtype(np.uint8): "uint8", np.dtype(np.bool_): "bool", np.dtype(np.int32): "int32",
+           np.dtype(np.int64): "int64", np.dtype(np.float16): "float16", np.dtype(np.float32): "float32"}
+
+MAX_NAME_LEN = 256
+MAX_NDIM = 8
+INT64_MAX = (1 << 63) - 1
+
+SEGMENT, WEIGHTS = "segment", "weights"
+# Control messages: required meta keys and their types (extra keys are refused).
+CONTROL_META: dict[str, dict[str, type]] = {
+    "hello": {"actor_id": str, "host": str, "pid": int},       # actor -> learner
+    "welcome": {},                                              # learner -> actor (free-form dict)
+    "heartbeat": {},                                            # both ways (actor adds actor_id)
+    "rejoin": {},                                               # learner: "unknown actor, say hello"
+    "bye": {"actor_id": str},                                   # actor leaves
+    "shutdown": {},                                             # learner finished: actors stop
+    "get_policy_files": {"actor_id": str},
+    "policy_files": {},                                         # one uint8 array per file
+    "error": {"message": str},
+    "get_weights": {"newer_than": int, "wait_ms": int},         # actor -> weight server
+    "no_weights": {"version": int},                             # nothing newer within wait_ms
+}
+FREE_META = ("welcome", "heartbeat")      # kinds whose meta may carry other keys
+
+
+class ValidationError(ValueError):
+    """A message that must be dropped; `reason` is a short, countable category."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds applied before and while parsing: all frames together, header bytes, array count."""
+    max_bytes: int
+    max_arrays: int = 64
+    max_header_bytes: int = 1 << 20
+
+    @classmethod
+    def for_kind(cls, kind: str, max_message_mb: int) -> "Limits":
+        # Weights may hold thousands of tensors (a full fine-tune); a segment has < 32 fields;
+        # requests to the servers are tiny.
+        total = int(max_message_mb) << 20
+        if kind == WEIGHTS:
+            return cls(total, max_arrays=16384, max_header_bytes=4 << 20)
+        if kind == SEGMENT:
+            return cls(total, max_arrays=32, max_header_bytes=64 << 10)
+        if kind == "request":
+            return cls(64 << 10, max_arrays=0, max_header_bytes=64 << 10)
+        return cls(total, max_arrays=4096, max_header_bytes=1 << 20)
+
+
+@dataclass
+class Message:
+    kind: str
+    meta: dict
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)      # array name -> dtype tag
+
+
+# ------------------------------------------------------------------------------ generic codec
+def encode(kind: str, meta: Mapping[str, Any] | None = None,
+           arrays: Mapping[str, Any] | None = None) -> list:
+    """Frames of a message: header bytes, then each array (a C-contiguous numpy array, whose
+    buffer the socket sends without copying). Torch tensors are accepted (bf16 as its bits)."""
+    specs, bodies = [], []
+    for name, value in (arrays or {}).items():
+        tag, arr = _as_wire_array(name, value)
+        specs.append([name, tag, list(arr.shape)])
+        bodies.append(arr)
+    header = {"type": kind, "v": SCHEMA_VERSION, "meta": dict(meta or {}), "arrays": specs}
+    return [msgpack.packb(header, use_bin_type=True)] + bodies
+
+
+def decode(frames: Sequence[Any], limits: Limits) -> Message:
+    """Parse and check a received message; arrays view the frames (zmq.Frame, bytes or buffers)."""
+    if not frames:
+        raise ValidationError("frame_count", "empty message")
+    if len(frames) - 1 > limits.max_arrays:
+        raise ValidationError("frame_count", f"{len(frames) - 1} array frames > {limits.max_arrays}")
+    buffers = [_buffer(f) for f in frames]
+    total = sum(b.nbytes for b in buffers)
+    if total > limits.max_bytes:
+        raise ValidationError("too_large", f"{total} bytes > {limits.max_bytes}")
+    header = _unpack_header(buffers[0], limits)
+    kind, meta, specs = header["type"], header["meta"], header["arrays"]
+    if len(specs) != len(buffers) - 1:
+        raise ValidationError("frame_count", f"header declares {len(specs)} arrays, "
+                                             f"message has {len(buffers) - 1} array frames")
+    arrays, tags = {}, {}
+    for spec, buf in zip(specs, buffers[1:]):
+        name, tag, dtype, shape, count = _check_array_spec(spec, arrays)
+        if count * dtype.itemsize != buf.nbytes:
+            raise ValidationError("frame_size", f"array '{name}' {tag}{list(shape)} needs "
+                                                f"{count * dtype.itemsize} bytes, frame has {buf.nbytes}")
+        arr = np.frombuffer(buf, dtype=dtype).reshape(shape)
+        if tag == "bool" and count and arr.view(np.uint8).max() > 1:
+            raise ValidationError("bad_values", f"array '{name}' (bool) holds bytes other than 0/1")
+        arrays[name], tags[name] = arr, tag
+    return Message(kind, meta, arrays, tags)
+
+
+def _buffer(frame) -> memoryview:
+    buf = getattr(frame, "buffer", None)      # zmq.Frame received with copy=False
+    mv = memoryview(buf if buf is not None else frame)
+    if mv.format == "B" and mv.ndim == 1:
+        return mv
+    return mv.cast("B") if mv.nbytes else memoryview(b"")   # cast() refuses zero-size shapes
+
+
+def _unpack_header(buf: memoryview, limits: Limits) -> dict:
+    if buf.nbytes > limits.max_header_bytes:
+        raise ValidationError("header_too_large", f"{buf.nbytes} bytes > {limits.max_header_bytes}")
+    n = limits.max_header_bytes
+    try:
+        header = msgpack.unpackb(buf, raw=False, strict_map_key=True, use_list=True,
+                                 max_str_len=n, max_bin_len=n, max_array_len=max(limits.max_arrays, 4096),
+                                 max_map_len=4096, max_ext_len=0)
+    except Exception as e:    # msgpack raises several types (ValueError, FormatError, StackError, ...)
+        raise ValidationError("bad_header", f"not a valid msgpack header ({type(e).__name__})") from None
+    if not isinstance(header, dict) or set(header) != {"type", "v", "meta", "arrays"}:
+        keys = sorted(map(str, header)) if isinstance(header, dict) else type(header).__name__
+        raise ValidationError("bad_header", f"header must be a map of type, v, meta, arrays; got {keys}")
+    if header["v"] != SCHEMA_VERSION or isinstance(header["v"], bool):
+        raise ValidationError("schema_version", f"schema version {header['v']!r}, expected {SCHEMA_VERSION}")
+    if not isinstance(header["type"], str) or not isinstance(header["meta"], dict) \
+            or not isinstance(header["arrays"], list):
+        raise ValidationError("bad_header", "type must be a string, meta a map, arrays a list")
+    return header
+
+
+def _check_array_spec(spec, seen: dict) -> tuple[str, str, np.dtype, tuple, int]:
+    """(name, tag, dtype, shape, element count) of one header entry [name, dtype, shape]."""
+    if type(spec) is not list or len(spec) != 3:
+        raise ValidationError("bad_header", "an array entry must be [name, dtype, shape]")
+    name, tag, shape = spec
+    if type(name) is not str or not 0 < len(name) <= MAX_NAME_LEN or name in seen:
+        raise ValidationError("bad_header", f"array name {str(name)[:40]!r} is empty, too long, "
+                                            "repeated or not a string")
+    dtype = DTYPES.get(tag) if type(tag) is str else None
+    if dtype is None:
+        raise ValidationError("bad_dtype", f"array '{name}' dtype {str(tag)[:20]!r} not in {list(DTYPES)}")
+    if type(shape) is not list or len(shape) > MAX_NDIM:
+        raise ValidationError("bad_shape", f"array '{name}' shape must be a list of <= {MAX_NDIM} ints")
+    count = 1
+    for d in shape:
+        if type(d) is not int or not 0 <= d <= INT64_MAX:
+            raise ValidationError("bad_shape", f"array '{name}' shape must hold non-negative int64s")
+        count *= d
+    return name, tag, dtype, tuple(shape), count
+
+
+def _as_wire_array(name: str, value) -> tuple[str, np.ndarray]:
+    if hasattr(value, "detach"):                         # a torch tensor
+        t = value.detach().cpu().contiguous()
+        if str(t.dtype) == "torch.bfloat16":
+            import torch
+            return "bfloat16", t.view(torch.int16).numpy().view(np.uint16)
+        value = t.numpy()
+    arr = np.asarray(value)
+    if not arr.flags.c_contiguous:
+        arr = arr.copy(order="C")
+    tag = _TAG_OF.get(arr.dtype)
+    if tag is None:
+        raise TypeError(f"array '{name}' has dtype {arr.dtype}; allowed: {list(DTYPES)}")
+    return tag, arr
+
+
+# --------------------------------------------------------------------------------- segments
+@dataclass
+class Segment:
+    """One trajectory segment: meta (actor_id, seq, policy_version, num_steps T, num_envs B,
+    env_steps, optional act_s/env_s) and time-major arrays named as in `SEGMENT_FIELDS`."""
+    meta: dict
+    arrays: dict[str, np.ndarray]
+
+
+# name -> (dtype tag, dims). Dims: "T1" = T+1; letters are SegmentSpec dims; ints are fixed;
+# "R" is rewards' optional K axis (action_level rewards).
+SEGMENT_FIELDS: dict[str, tuple[str, tuple]] = {
+    "image": ("uint8", ("T1", "B", "H", "W", 3)),
+    "instruction": ("int64", ("T1", "B", "L")),
+    "instruction_mask": ("uint8", ("T1", "B", "L")),
+    "state": ("float32", ("T1", "B", "S")),
+    "action_tokens": ("int64", ("T", "B", "N")),
+    "behavior_logp": ("float32", ("T", "B", "N")),
+    "rewards": ("float32", ("T", "B", "R")),
+    "terminated": ("uint8", ("T", "B")),
+    "truncated": ("uint8", ("T", "B")),
+    "final_index": ("int64", ("n", 2)),
+    "final_image": ("uint8", ("n", "H", "W", 3)),
+    "final_instruction": ("int64", ("n", "L")),
+    "final_instruction_mask": ("uint8", ("n", "L")),
+    "final_state": ("float32", ("n", "S")),
+    "ep_return": ("float32", ("E",)),
+    "ep_length": ("int64", ("E",)),
+    "ep_success": ("uint8", ("E",)),
+}
+STATE_FIELDS = ("state", "final_state")                  # present only when S > 0
+FINITE_FIELDS = ("state", "final_state", "behavior_logp", "rewards", "ep_return")
+BINARY_FIELDS = ("terminated", "truncated", "instruction_mask", "final_instruction_mask", "ep_success")
+TOKEN_FIELDS = ("instruction", "final_instruction", "action_tokens")
+SEGMENT_META = {"actor_id": str, "seq": int, "policy_version": int, "num_steps": int,
+                "num_envs": int, "env_steps": int}
+SEGMENT_META_OPTIONAL = {"act_s": float, "env_s": float}
+
+
+@dataclass(frozen=True)
+class SegmentSpec:
+    """The dims a receiver expects (H = W = image_size, L, N = K*D, K, S), and optional bounds:
+    num_steps (exact T), max_steps, max_envs, vocab_size (token ids must be below it)."""
+    image_size: int
+    instruction_len: int
+    num_tokens: int
+    num_action_chunks: int
+    state_dim: int = 0
+    action_level_rewards: bool = False
+    num_steps: int | None = None
+    max_steps: int | None = None
+    max_envs: int | None = None
+    vocab_size: int | None = None
+
+    def fields(self) -> dict[str, tuple[str, tuple]]:
+        return {k: v for k, v in SEGMENT_FIELDS.items() if self.state_dim > 0 or k not in STATE_FIELDS}
+
+
+def encode_segment(segment: Segment) -> list:
+    unknown = set(segment.arrays) - set(SEGMENT_FIELDS)
+    if unknown:
+        raise KeyError(f"segment arrays {sorted(unknown)} are not in the schema {list(SEGMENT_FIELDS)}")
+    return encode(SEGMENT, segment.meta, segment.arrays)
+
+
+def decode_segment(frames: Sequence[Any], spec: SegmentSpec, limits: Limits) -> Segment:
+    msg = decode(frames, limits)
+    expect_kind(msg, SEGMENT)
+    return Segment(meta=check_segment_meta(msg.meta), arrays=check_segment_arrays(msg, spec))
+
+
+def expect_kind(msg: Message, *kinds: str) -> None:
+    if msg.kind not in kinds:
+        raise ValidationError("wrong_type", f"message type {msg.kind[:40]!r}, expected one of {list(kinds)}")
+
+
+def check_segment_meta(meta: dict) -> dict:
+    extra = set(meta) - set(SEGMENT_META) - set(SEGMENT_META_OPTIONAL)
+    if extra:
+        raise ValidationError("bad_meta", f"unknown meta keys {sorted(map(str, extra))[:5]}")
+    check_meta(meta, SEGMENT_META)
+    for key in SEGMENT_META_OPTIONAL:
+        if key in meta and not _is_number(meta[key]):
+            raise ValidationError("bad_meta", f"meta '{key}' must be a finite number")
+    for key in ("seq", "policy_version", "env_steps", "num_steps", "num_envs"):
+        if meta[key] < (1 if key in ("num_steps", "num_envs") else 0):
+            raise ValidationError("bad_meta", f"meta '{key}'={meta[key]} is out of range")
+    if not 0 < len(meta["actor_id"]) <= MAX_NAME_LEN:
+        raise ValidationError("bad_meta", "meta 'actor_id' must be 1..256 characters")
+    return meta
+
+
+def check_segment_arrays(msg: Message, spec: SegmentSpec) -> dict[str, np.ndarray]:
+    arrays, fields = msg.arrays, _fields_of(spec)
+    if arrays.keys() != fields.keys():
+        missing, extra = sorted(set(fields) - set(arrays)), sorted(set(arrays) - set(fields))
+        raise ValidationError("bad_fields", f"missing {missing}, unexpected {extra}")
+    dims = _segment_dims(arrays, spec, msg.meta)
+    for name, (tag, shape) in fields.items():
+        if msg.tags[name] != tag:
+            raise ValidationError("bad_dtype", f"'{name}' is {msg.tags[name]}, expected {tag}")
+        want = tuple(dims[d] if type(d) is str else d for d in shape)
+        if arrays[name].shape != want:
+            raise ValidationError("bad_shape", f"'{name}' has shape {arrays[name].shape}, expected {want}")
+    _check_segment_values(arrays, spec, dims)
+    return arrays
+
+
+@functools.lru_cache(maxsize=64)
+def _fields_of(spec: SegmentSpec) -> dict[str, tuple[str, tuple]]:
+    fields = spec.fields()
+    if not spec.action_level_rewards:
+        fields["rewards"] = ("float32", ("T", "B"))
+    return fields
+
+
+def _segment_dims(arrays: dict, spec: SegmentSpec, meta: dict) -> dict[str, int]:
+    tokens = arrays["action_tokens"]
+    if tokens.ndim != 3:
+        raise ValidationError("bad_shape", f"'action_tokens' must be [T, B, N], got {tokens.shape}")
+    T, B = tokens.shape[:2]
+    if (T, B) != (meta["num_steps"], meta["num_envs"]):
+        raise ValidationError("bad_shape", f"arrays have T={T}, B={B}; meta says num_steps="
+                                           f"{meta['num_steps']}, num_envs={meta['num_envs']}")
+    if spec.num_steps is not None and T != spec.num_steps:
+        raise ValidationError("bad_shape", f"T={T}, expected {spec.num_steps}")
+    if spec.max_steps is not None and T > spec.max_steps:
+        raise ValidationError("bad_shape", f"T={T} > max_steps {spec.max_steps}")
+    if spec.max_envs is not None and B > spec.max_envs:
+        raise ValidationError("bad_shape", f"B={B} > max_envs {spec.max_envs}")
+    first = lambda name: arrays[name].shape[0] if arrays[name].ndim else -1
+    return {"T": T, "T1": T + 1, "B": B, "H": spec.image_size, "W": spec.image_size,
+            "L": spec.instruction_len, "S": spec.state_dim, "N": spec.num_tokens,
+            "R": spec.num_action_chunks, "n": first("final_index"), "E": first("ep_return")}
+
+
+def _check_segment_values(arrays: dict, spec: SegmentSpec, dims: dict) -> None:
+    for name in FINITE_FIELDS:
+        if name in arrays and not all_finite(arrays[name]):
+            raise ValidationError("not_finite", f"'{name}' holds NaN or inf")
+    if arrays["behavior_logp"].size and arrays["behavior_logp"].max() > 1e-3:
+        raise ValidationError("bad_values", "'behavior_logp' holds positive log-probabilities")
+    for name in BINARY_FIELDS:
+        if arrays[name].size and arrays[name].max() > 1:
+            raise ValidationError("bad_values", f"'{name}' must hold only 0/1")
+    if arrays["ep_length"].size and arrays["ep_length"].min() < 0:
+        raise ValidationError("bad_values", "'ep_length' is negative")
+    if spec.vocab_size is not None:
+        for name in TOKEN_FIELDS:      # as uint64 a negative id is huge: one max() checks both ends
+            a = arrays[name]
+            if a.size and a.view(np.uint64).max() >= spec.vocab_size:
+                raise ValidationError("bad_values", f"'{name}' has ids outside [0, {spec.vocab_size})")
+    # final_index lists exactly the steps that were truncated without terminating: the learner
+    # bootstraps V(final obs) there and nowhere else.
+    idx, T, B = arrays["final_index"], dims["T"], dims["B"]
+    if idx.size and (idx.min() < 0 or idx[:, 0].max() >= T or idx[:, 1].max() >= B):
+        raise ValidationError("bad_values", f"'final_index' rows outside [0, {T}) x [0, {B})")
+    cut = arrays["truncated"] > arrays["terminated"]          # truncated=1, terminated=0 (both 0/1)
+    marked = np.bincount(idx[:, 0] * B + idx[:, 1], minlength=T * B) if idx.size else None
+    if (marked is None and cut.any()) or (marked is not None and not np.array_equal(marked, cut.ravel())):
+        raise ValidationError("bad_values", "'final_index' must list each truncated, non-terminated "
+                                            "(t, b) exactly once")
+
+
+def all_finite(a: np.ndarray) -> bool:
+    """True when a float array has no NaN/inf. A float64 sum is inf/NaN iff some element is
+    (float32/16 maxima cannot overflow it), and needs no temporary array."""
+    if a.dtype.kind != "f" or not a.size:
+        return True
+    if a.size <= 1 << 16:                                    # small: the direct test is quicker
+        return bool(np.isfinite(a).all())
+    with np.errstate(invalid="ignore", over="ignore"):
+        return bool(np.isfinite(np.add.reduce(a, axis=None, dtype=np.float64)))
+
+
+# ---------------------------------------------------------------------------------- weights
+def encode_weights(version: int, tensors: Mapping[str, Any]) -> list:
+    """Frames of a weights message; numpy arrays or torch tensors (bf16 travels as uint16 bits)."""
+    if type(version) is not int or version < 0:
+        raise ValueError(f"weights version must be an int >= 0, got {version!r}")
+    return encode(WEIGHTS, {"version": version}, tensors)
+
+
+def decode_weights(frames: Sequence[Any], limits: Limits) -> tuple[int, dict[str, np.ndarray]]:
+    """(version, tensors). Arrays view the frames, except bf16 ones, which become float32
+    (exact; numpy has no bf16, and the receiving model casts to its own dtype anyway)."""
+    return weights_of(decode(frames, limits))
+
+
+def weights_of(msg: Message) -> tuple[int, dict[str, np.ndarray]]:
+    """Check a decoded "weights" message and return (version, tensors)."""
+    expect_kind(msg, WEIGHTS)
+    if set(msg.meta) != {"version"}:
+        raise ValidationError("bad_meta", "weights meta must be exactly {version}")
+    check_meta(msg.meta, {"version": int})
+    if msg.meta["version"] < 0:
+        raise ValidationError("bad_meta", f"weights version {msg.meta['version']} < 0")
+    out = {}
+    for name, arr in msg.arrays.items():
+        if msg.tags[name] == "bfloat16":
+            arr = bf16_bits_to_float32(arr)
+        if not all_finite(arr):
+            raise ValidationError("not_finite", f"weight '{name}' holds NaN or inf")
+        out[name] = arr
+    return msg.meta["version"], out
+
+
+def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+# ---------------------------------------------------------------------------------- control
+def encode_control(kind: str, meta: Mapping[str, Any] | None = None,
+                   files: Mapping[str, bytes] | None = None) -> list:
+    """A control message; `files` (relative path -> bytes) travel as raw uint8 frames."""
+    if kind not in CONTROL_META:
+        raise ValueError(f"unknown control message {kind!r}; known: {list(CONTROL_META)}")
+    arrays = {name: np.frombuffer(data, np.uint8) for name, data in (files or {}).items()}
+    return encode(kind, meta, arrays)
+
+
+def decode_control(frames: Sequence[Any], limits: Limits, *kinds: str) -> Message:
+    """A control message of one of `kinds`, its meta checked against `CONTROL_META`."""
+    return control_of(decode(frames, limits), *kinds)
+
+
+def control_of(msg: Message, *kinds: str) -> Message:
+    expect_kind(msg, *kinds)
+    required = CONTROL_META[msg.kind]
+    extra = set(msg.meta) - set(required)
+    if extra and msg.kind not in FREE_META:
+        raise ValidationError("bad_meta", f"'{msg.kind}' has unknown meta keys {sorted(map(str, extra))[:5]}")
+    check_meta(msg.meta, required)
+    for name, arr in msg.arrays.items():
+        if msg.tags[name] != "uint8" or arr.ndim != 1:
+            raise ValidationError("bad_dtype", f"file frame '{name}' must be a 1-D uint8 array")
+    return msg
+
+
+def files_of(msg: Message) -> dict[str, bytes]:
+    return {name: arr.tobytes() for name, arr in msg.arrays.items()}
+
+
+def check_meta(meta: dict, required: Mapping[str, type]) -> None:
+    """Each required key present with its type (ints: no bools, within int64; strings bounded)."""
+    for key, typ in required.items():
+        if key not in meta:
+            raise ValidationError("bad_meta", f"meta '{key}' is missing")
+        value = meta[key]
+        ok = (type(value) is int and abs(value) <= INT64_MAX) if typ is int else \
+            (isinstance(value, str) and len(value) <= MAX_NAME_LEN) if typ is str else \
+            _is_number(value) if typ is float else isinstance(value, typ)
+        if not ok:
+            raise ValidationError("bad_meta", f"meta '{key}' must be a {typ.__name__}, got "
+                                              f"{type(value).__name__}")
+
+
+def _is_number(v) -> bool:
+    return type(v) in (int, float) and math.isfinite(v)
+
+
+def total_bytes(frames: Iterable[Any]) -> int:
+    return sum(_buffer(f).nbytes for f in frames)
+
+
+__all__ = ["SCHEMA_VERSION", "DTYPES", "ValidationError", "Limits", "Message", "Segment", "SegmentSpec",
+           "SEGMENT_FIELDS", "encode", "decode", "encode_segment", "decode_segment", "encode_weights",
+           "decode_weights", "weights_of", "encode_control", "decode_control", "control_of", "files_of", "all_finite",
+           "bf16_bits_to_float32", "total_bytes"]

@@ -1,0 +1,170 @@
+"""ZeroMQ transport between actors and the learner.
+
+    trajectories  actor TrajectorySender (PUSH, connected to every rank)
+                      -> learner rank r TrajectoryReceiver (PULL on trajectory_port + r)
+    weights       learner rank 0 WeightServer (ROUTER on weights_port)
+                      <- actor WeightSubscriber (DEALER; "newer than v?" long polls)
+    control       learner rank 0 ControlServer (ROUTER on control_port)
+                      <- actor LearnerClient (DEALER; hello/welcome, heartbeats, bye)
+
+Messages are those of common/protocol.py (msgpack header + raw frames, zero-copy both ways);
+every received one is validated, and an invalid one is dropped, counted per reason in `.stats`
+and logged at a bounded rate. Endpoints are tcp://HOST:PORT or ipc://PATH; the servers take an
+explicit `endpoint=` (tests, ipc) instead of the configured port. Queues are bounded: a slow
+learner pushes back on its actors, which block or drop their oldest unsent segment (counted).
+Keys (CURVE) and the public-bind rule: see common/sockets.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from typing import Sequence
+
+import zmq
+
+from asyncvla.common.control import ControlServer, LearnerClient, Registry
+from asyncvla.common.protocol import (SEGMENT, Limits, Segment, SegmentSpec, ValidationError,
+                                      decode_segment, encode_segment)
+from asyncvla.common.sockets import (DropLog, Node, TransportError, advertised, bind_endpoint,
+                                     bound_endpoint)
+from asyncvla.common.weight_channel import WeightServer, WeightSubscriber
+
+BACKPRESSURE = ("block", "drop_oldest")
+
+
+class TrajectoryReceiver:
+    """One learner rank's inbox: PULL bound on trajectory_port + rank (or `endpoint`).
+    `recv` returns validated segments whose arrays view the received frames."""
+
+    def __init__(self, tcfg, rank: int, spec: SegmentSpec, endpoint: str | None = None):
+        self.spec = spec
+        self._node = Node(tcfg, server=True)
+        try:
+            self._pull = self._node.socket(zmq.PULL, bind=endpoint or bind_endpoint(
+                tcfg, tcfg.trajectory_port + rank), RCVHWM=tcfg.recv_hwm)
+        except BaseException:
+            self._node.close(0)
+            raise
+        self.endpoint = advertised(tcfg, bound_endpoint(self._pull))
+        self._limits = Limits.for_kind(SEGMENT, tcfg.max_message_mb)
+        self.stats = {"received": 0, "bytes": 0, "invalid": Counter()}
+        self._drop_log = DropLog(f"trajectory receiver (rank {rank})")
+
+    def recv(self, timeout_ms: int | None = None) -> Segment | None:
+        """The next valid segment, or None after `timeout_ms` (None: wait forever)."""
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        while True:
+            wait = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            if not self._pull.poll(wait):
+                return None
+            frames = self._pull.recv_multipart(copy=False)
+            try:
+                segment = decode_segment(frames, self.spec, self._limits)
+            except ValidationError as e:
+                self.stats["invalid"][e.reason] += 1
+                self._drop_log(e.reason, str(e))
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                continue
+            self.stats["received"] += 1
+            self.stats["bytes"] += sum(len(f) for f in frames)
+            return segment
+
+    def close(self) -> None:
+        self._node.close(0)
+
+
+class TrajectorySender:
+    """An actor's outbox: one PUSH connected to every learner rank; ZeroMQ spreads segments over
+    the ranks whose queues have room.
+
+    backpressure="block": `send` waits until some rank has room (optionally bounded by
+    `timeout`/`stop`, then returns False and the caller keeps the segment).
+    backpressure="drop_oldest": `send` never waits; segments ZeroMQ cannot take yet wait in a
+    deque of send_hwm entries, and when it overflows the oldest is dropped and counted.
+    Invariant: submitted == sent + dropped + pending. Arrays are sent without copying: do not
+    modify them after `send`.
+    """
+
+    def __init__(self, endpoints: Sequence[str] | str, tcfg, backpressure: str = "block"):
+        if backpressure not in BACKPRESSURE:
+            raise ValueError(f"backpressure={backpressure!r} is not allowed; choose one of {list(BACKPRESSURE)}")
+        endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if not endpoints:
+            raise ValueError("TrajectorySender needs at least one learner endpoint")
+        self.backpressure = backpressure
+        self._linger_s = tcfg.linger_ms / 1000
+        self._node = Node(tcfg, server=False)
+        self._push = self._node.socket(zmq.PUSH, connect=endpoints, SNDHWM=tcfg.send_hwm)
+        self._sndtimeo = -1
+        self._pending: deque[list] = deque()
+        self._max_pending = tcfg.send_hwm
+        self.sent = 0
+        self.dropped = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def stats(self) -> dict:
+        return {"sent": self.sent, "dropped": self.dropped, "pending": self.pending}
+
+    def send(self, segment: Segment, timeout: float | None = None, stop=None) -> bool:
+        """Hand a segment to the transport. Returns False only in block mode when `timeout`
+        passed or `stop` (a threading.Event) was set before any rank had room."""
+        frames = encode_segment(segment)
+        if self.backpressure == "drop_oldest":
+            self._pending.append(frames)
+            if len(self._pending) > self._max_pending:
+                self._pending.popleft()
+                self.dropped += 1
+            self._flush_nowait()
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            # Block inside libzmq, in slices when a stop or deadline must be checked.
+            wait_ms = -1 if stop is None and deadline is None else \
+                100 if deadline is None else max(0, min(100, int((deadline - time.monotonic()) * 1000)))
+            if self._try_send(frames, wait_ms):
+                return True
+            if (stop is not None and stop.is_set()) or (deadline is not None and time.monotonic() >= deadline):
+                return False
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Drop-oldest mode: keep handing queued segments over until none is left (True) or
+        `timeout` passes (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._flush_nowait():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            self._push.poll(50, zmq.POLLOUT)
+        return True
+
+    def close(self) -> None:
+        """Give queued segments up to linger_ms to leave; what is still here is counted dropped."""
+        self.flush(self._linger_s)
+        self.dropped += len(self._pending)
+        self._pending.clear()
+        self._node.close()
+
+    def _flush_nowait(self) -> int:
+        while self._pending and self._try_send(self._pending[0]):
+            self._pending.popleft()
+        return len(self._pending)
+
+    def _try_send(self, frames: list, wait_ms: int = 0) -> bool:
+        """Send within wait_ms (0: only if there is room now; -1: as long as it takes)."""
+        if wait_ms != self._sndtimeo:
+            self._push.sndtimeo = self._sndtimeo = wait_ms
+        try:
+            self._push.send_multipart(frames, copy=False)
+        except zmq.Again:
+            return False
+        self.sent += 1
+        return True
+
+
+__all__ = ["TrajectoryReceiver", "TrajectorySender", "WeightServer", "WeightSubscriber", "ControlServer",
+           "LearnerClient", "Registry", "Segment", "SegmentSpec", "TransportError", "ValidationError"]

@@ -1,0 +1,38 @@
+"""`asyncvla actor --learner tcp://HOST:PORT`: a standalone actor node.
+
+It needs no config: the learner's welcome carries the config, the policy (a path readable here,
+or its files shipped once), the env spec, the trajectory endpoints and the current weights.
+Start any number, on any host, at any time; stop them at any time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("actor", help="run an actor node that joins a learner over the network",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--learner", required=True, metavar="tcp://HOST:PORT",
+                   help="the learner's control endpoint (transport.control_port on learner rank 0)")
+    p.add_argument("--num-envs", type=int, help="environments in this actor (default: the learner's actor.num_envs)")
+    p.add_argument("--device", help="torch device for this actor's policy copy (default: the learner's actor.device)")
+    p.add_argument("--actor-id", help="name shown in the learner's registry (default: HOST-PID)")
+    p.add_argument("--actor-index", type=int, default=None,
+                   help="seeds this actor's envs apart from the others (default: derived from the id)")
+    p.add_argument("--keys-dir", help="CURVE keys made by `asyncvla keygen` (client side)")
+    p.add_argument("--max-segments", type=int, help="stop after sending this many segments")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from asyncvla.actors.main import run as run_actor
+    from asyncvla.common.config import TransportConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s actor %(levelname)s %(message)s")
+    if args.num_envs is not None and args.num_envs < 1:
+        raise SystemExit(f"asyncvla actor: --num-envs={args.num_envs} must be >= 1")
+    tcfg = TransportConfig(keys_dir=args.keys_dir)
+    return run_actor(args.learner, actor_id=args.actor_id, num_envs=args.num_envs, device=args.device,
+                     max_segments=args.max_segments, actor_index=args.actor_index, tcfg=tcfg)

@@ -1,0 +1,151 @@
+"""`asyncvla train CONFIG [overrides]`: the learner through the deepspeed launcher + local actors.
+
+Wiring only: it resolves the config once, starts
+    deepspeed [--hostfile H | --num_gpus R] --master_port P --module asyncvla.learner.main RESOLVED.yaml
+and `launch.num_local_actors` actor processes that join the learner over ZeroMQ, restarts an
+actor that crashes (up to launch.max_actor_restarts), and when the learner ends — by its budget,
+a crash or Ctrl-C — stops every child. Each child runs in its own process group so nothing is
+orphaned.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides, to_yaml
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="train: DeepSpeed learner + local actor processes",
+                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    p.add_argument("config", help="YAML config (see configs/)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.num_envs=4")
+    p.add_argument("--resume", metavar="RUN_DIR_OR_CKPT",
+                   help="continue from a run directory's latest complete checkpoint, or a checkpoint")
+    p.add_argument("--hostfile", help="deepspeed hostfile for multi-node learners (configs/hostfile.example)")
+    p.add_argument("--sync", action="store_true",
+                   help="serialise rollout and training (the synchronous baseline)")
+    p.add_argument("--num-learner-ranks", type=int, help="learner ranks on this machine (launch.num_learner_ranks)")
+    p.add_argument("--num-actors", type=int, help="local actor processes (launch.num_local_actors)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    overrides = parse_overrides(args.overrides)
+    for flag, key in ((args.resume, "checkpoint.resume"), (args.hostfile, "launch.hostfile"),
+                      (args.num_learner_ranks, "launch.num_learner_ranks"),
+                      (args.num_actors, "launch.num_local_actors")):
+        if flag is not None:
+            overrides.append(f"{key}={flag}")
+    if args.sync:
+        overrides.append("launch.sync=true")
+    try:
+        cfg = load_config(args.config, overrides)
+    except ConfigError as e:
+        print(f"asyncvla: config error: {e}", file=sys.stderr)
+        return 2
+    return launch(cfg)
+
+
+def launch(cfg: Config) -> int:
+    run_dir = _run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resolved = run_dir / "launch_config.yaml"
+    resolved.write_text(to_yaml(cfg))
+    children = Children()
+    _forward_signals(children)
+    learner = children.start("learner", learner_command(cfg, resolved))
+    control = f"tcp://{_connect_host(cfg)}:{cfg.transport.control_port}"
+    actors = {i: children.start(f"actor-{i}", actor_command(control, i)) for i in range(cfg.launch.num_local_actors)}
+    restarts = {i: 0 for i in actors}
+    print(f"asyncvla: run dir {run_dir}; tensorboard --logdir {run_dir / 'tb'}", flush=True)
+    try:
+        while learner.poll() is None:
+            time.sleep(0.5)
+            for i, proc in list(actors.items()):
+                code = proc.poll()
+                if code is None or children.stopping:
+                    continue
+                if cfg.launch.restart_actors and restarts[i] < cfg.launch.max_actor_restarts and code != 0:
+                    restarts[i] += 1
+                    print(f"asyncvla: actor {i} exited with {code}; restart {restarts[i]}/"
+                          f"{cfg.launch.max_actor_restarts}", file=sys.stderr, flush=True)
+                    actors[i] = children.start(f"actor-{i}", actor_command(control, i))
+                else:
+                    del actors[i]
+        return learner.returncode
+    finally:
+        children.stop_all()
+
+
+def learner_command(cfg: Config, resolved_config: Path) -> list[str]:
+    ds = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", str(cfg.launch.master_port)]
+    if cfg.launch.hostfile:
+        ds += ["--hostfile", cfg.launch.hostfile]
+    else:
+        # On a CPU machine DeepSpeed counts NUMA nodes as devices; --num_gpus sets the rank count.
+        ds += ["--num_gpus", str(cfg.launch.num_learner_ranks)]
+    return ds + ["--module", "asyncvla.learner.main", str(resolved_config)]
+
+
+def actor_command(control_endpoint: str, index: int) -> list[str]:
+    return [sys.executable, "-m", "asyncvla.launch.cli", "actor", "--learner", control_endpoint,
+            "--actor-id", f"local-{index}", "--actor-index", str(index)]
+
+
+def _run_dir(cfg: Config) -> Path:
+    if cfg.checkpoint.resume:
+        p = Path(cfg.checkpoint.resume).resolve()
+        return p.parents[1] if p.parent.name == "checkpoints" else p
+    return Path(cfg.logging.output_dir) / cfg.logging.experiment_name
+
+
+def _connect_host(cfg: Config) -> str:
+    host = cfg.transport.advertise_host or cfg.transport.bind_host
+    return "127.0.0.1" if host in ("0.0.0.0", "*") else host
+
+
+class Children:
+    """Child processes, each in its own session so a stop reaches its whole tree."""
+
+    def __init__(self):
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.stopping = False
+
+    def start(self, name: str, cmd: list[str]) -> subprocess.Popen:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        proc = subprocess.Popen(cmd, start_new_session=True, env=env)
+        self.procs.append((name, proc))
+        return proc
+
+    def stop_all(self, grace_s: float = 15.0) -> None:
+        self.stopping = True
+        for _, proc in self.procs:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.time() + grace_s
+        for _, proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(proc, signal.SIGKILL)   # the group may hold grandchildren (env workers)
+
+
+def _signal_group(proc: subprocess.Popen, sig) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _forward_signals(children: Children) -> None:
+    def handler(signum, frame):
+        children.stop_all()
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)

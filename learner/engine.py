@@ -1,0 +1,175 @@
+"""The DeepSpeed side of the learner: process group, engine configuration, engine.
+
+    init_distributed(cfg)                                   # once per process, before anything collective
+    engine = build_engine(model, cfg, gradient_accumulation_steps=n_micro)
+    for each minibatch:
+        for each micro batch:  engine.backward(loss(engine(...)));  engine.step()
+
+Gradient accumulation uses DeepSpeed's managed mode: `engine.step()` is called after every
+micro batch and only the n-th call (the accumulation boundary, counted by the engine) reduces
+gradients across ranks and updates the weights; `engine.backward` divides the loss by n. So
+every minibatch must have exactly n micro batches on every rank. (DeepSpeed 0.19 also has
+`engine.set_gradient_accumulation_boundary()` and an unmanaged mode,
+`managed_gradient_accumulation: false`, where each `step()` call is the boundary; they would
+allow a varying count, at the price of extra calls or an ignored `backward` scaling.)
+
+Only parameters with `requires_grad` are optimised (LoRA + value head with LoRA, everything
+otherwise). Parameters whose name contains "value_head" form a second group at `learner.value_lr`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import warnings
+from datetime import timedelta
+
+import torch
+from torch import nn
+
+from asyncvla.common.config import Config, ConfigError
+
+log = logging.getLogger("asyncvla.learner")
+
+VALUE_HEAD_KEY = "value_head"
+_DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+# -------------------------------------------------------------------------------- process group
+def init_distributed(cfg: Config) -> None:
+    """Join (or create) the process group with the collective time-out of the config.
+
+    Under the deepspeed launcher or torch.distributed.run the rendezvous comes from the environment
+    they set. A process started without one (a debugging run) becomes a single rank on a free local
+    port instead of DeepSpeed's default, which tries MPI discovery.
+    """
+    import deepspeed
+
+    # DeepSpeed calls these renamed torch collectives on every ZeRO-3 step; each call warns.
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=r".*torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)")
+    present = [k for k in _DIST_ENV if k in os.environ]
+    if not present:
+        port = _free_port()
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(port))
+        log.info("no launcher environment: running as a single rank (port %d)", port)
+    elif len(present) < len(_DIST_ENV):
+        missing = [k for k in _DIST_ENV if k not in os.environ]
+        raise ConfigError(f"incomplete distributed environment: {', '.join(missing)} not set "
+                          f"(set all of {', '.join(_DIST_ENV)}, or none for a single rank)")
+    # Idle ranks wait inside collectives while actors are slow: the time-out must outlast that.
+    deepspeed.init_distributed(timeout=timedelta(minutes=cfg.learner.dist_timeout_minutes),
+                               auto_mpi_discovery=False, verbose=False)
+
+
+def close_distributed() -> None:
+    """Barrier, then tear the process group down (a rank that exits without it may abort)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------- configuration
+def use_bf16(precision: str) -> bool:
+    """'auto' trains in bf16 on a GPU and in fp32 on a CPU."""
+    if precision == "auto":
+        return torch.cuda.is_available()
+    return precision == "bf16"
+
+
+def build_ds_config(cfg: Config, world_size: int, gradient_accumulation_steps: int = 1) -> dict:
+    """The DeepSpeed config dict for this run.
+
+    The batch is described per rank (micro batch x accumulation steps); DeepSpeed derives
+    train_batch_size = micro x steps x world_size. The LR schedule is not in here: it is a torch
+    scheduler given to `deepspeed.initialize` (see `warmup_schedule`).
+    """
+    lc = cfg.learner
+    if gradient_accumulation_steps < 1:
+        raise ConfigError(f"gradient_accumulation_steps={gradient_accumulation_steps} must be >= 1")
+    if world_size < 1:
+        raise ConfigError(f"world_size={world_size} must be >= 1")
+    bf16 = use_bf16(lc.precision)
+    return {
+        "train_micro_batch_size_per_gpu": lc.micro_batch_size,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+        "train_batch_size": lc.micro_batch_size * gradient_accumulation_steps * world_size,
+        "optimizer": {"type": "AdamW", "params": {
+            "lr": lc.lr, "betas": [lc.adam_beta1, lc.adam_beta2], "eps": lc.adam_eps,
+            "weight_decay": lc.weight_decay,
+            "torch_adam": True}},          # plain torch AdamW: no JIT-built fused kernel
+        "gradient_clipping": lc.clip_grad,
+        "zero_optimization": {"stage": lc.zero_stage},
+        "bf16": {"enabled": bf16},
+        "fp16": {"enabled": False},
+        "steps_per_print": 10 ** 9,
+        "wall_clock_breakdown": False,
+        "checkpoint": {"tag_validation": "FAIL"},      # the same tag on every rank, or stop
+    }
+
+
+def warmup_schedule(warmup_steps: int):
+    """Linear warm-up: update k (1-based) runs at lr * min(1, k / warmup_steps); constant after.
+
+    DeepSpeed's WarmupLR starts from warmup_min_lr (0 unless set) and repeats it for the first two
+    updates; this LambdaLR gives each update its own step of the ramp. The engine steps it once
+    per optimizer update; its state (the update count) is saved in checkpoints.
+    """
+    def make(optimizer):
+        if warmup_steps <= 1:
+            return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: 1.0)
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: min(1.0, (n + 1) / warmup_steps))
+    return make
+
+
+# ----------------------------------------------------------------------------------------- engine
+def param_groups(model: nn.Module, lr: float, value_lr: float) -> list[dict]:
+    """Trainable parameters in two groups: the policy at `lr`, the value head at `value_lr`.
+    Frozen parameters are left out (the optimiser never sees the base). Empty groups are dropped."""
+    policy, value = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (value if VALUE_HEAD_KEY in name else policy).append(p)
+    groups = [{"params": policy, "lr": lr, "name": "policy"},
+              {"params": value, "lr": value_lr, "name": "value_head"}]
+    groups = [g for g in groups if g["params"]]
+    if not groups:
+        raise ConfigError("the model has no trainable parameters (none with requires_grad); "
+                          "check policy.is_lora / the LoRA target modules")
+    return groups
+
+
+def build_engine(model: nn.Module, cfg: Config, gradient_accumulation_steps: int = 1,
+                 ds_config: dict | None = None):
+    """Wrap `model` in a DeepSpeed engine (the process group must exist: `init_distributed`).
+
+    ds_config: a config from `build_ds_config`, possibly adjusted; by default built from `cfg`.
+    Under ZeRO-3 the model's parameters are partitioned in place: afterwards read full weights
+    only through `publish.gather_trainable`.
+    """
+    import deepspeed
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError("build_engine needs the process group: call init_distributed(cfg) first")
+    if ds_config is None:
+        ds_config = build_ds_config(cfg, dist.get_world_size(), gradient_accumulation_steps)
+    groups = param_groups(model, cfg.learner.lr, cfg.learner.value_lr)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config,
+                                           lr_scheduler=warmup_schedule(cfg.learner.lr_warmup_steps))
+    return engine
+
+
+def group_lrs(engine) -> dict[str, float]:
+    """Current learning rate of each param group, by group name (for logging and tests)."""
+    return {g.get("name", str(i)): g["lr"] for i, g in enumerate(engine.optimizer.param_groups)}

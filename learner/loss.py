@@ -1,0 +1,142 @@
+"""PPO loss on V-trace targets: clipped surrogate on π_θ/μ, value loss to v_s, entropy bonus.
+
+Shapes. `advantages`, `values`, `old_values`, `value_targets` and `rhos` share one shape S
+([T, B], or flattened [n]). `new_logp`/`behavior_logp` are S (one log-prob per policy step) or
+S + [M] (token, action or chunk log-probs); the advantage of a policy step is then broadcast over
+its M parts, each part gets its own clipped ratio, and the policy loss is the mean over all
+S×M elements (so every token/action counts equally). `entropy` is S or S + [M], averaged likewise.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+# Log-ratios beyond ±20 (ratio ≈ 5e8) carry no useful signal; clamping keeps exp() finite so a
+# clipped-away inf cannot turn into a NaN gradient (inf·0).
+_MAX_LOG_RATIO = 20.0
+
+
+def ppo_loss(new_logp: torch.Tensor, behavior_logp: torch.Tensor, advantages: torch.Tensor,
+             values: torch.Tensor, old_values: torch.Tensor, value_targets: torch.Tensor,
+             entropy: torch.Tensor, rhos: torch.Tensor, rho_bar: float = 1.0, *,
+             ratio_clip_eps: float = 0.2, clip_ratio_c: Optional[float] = None,
+             entropy_bonus: float = 0.0, value_loss_coef: float = 0.5, value_loss_type: str = "mse",
+             huber_delta: float = 1.0, value_clip: Optional[float] = None,
+             normalize_advantages: bool = True, advantage_scale: float = 1.0,
+             advantage_stats: Optional[Tuple[float, float]] = None) -> tuple[torch.Tensor, dict]:
+    """Total loss = policy_loss + value_loss_coef·value_loss − entropy_bonus·mean(entropy).
+
+    new_logp, values, entropy: from π_θ (with gradient). behavior_logp: log μ of the actor.
+    advantages, value_targets, rhos: `vtrace`'s pg_advantages, vs, rhos. old_values: V of the
+    policy that computed the targets (centre of value clipping).
+
+    Policy: ratio r = π_θ/μ; per element max(−A·r, −A·clip(r, 1±ratio_clip_eps)). Dual clip
+    (clip_ratio_c = c > 1): where A < 0 that is further capped at −c·A, so a huge ratio on a bad
+    action cannot blow up the loss. Advantages are first normalised (mean 0, std 1 over the
+    elements passed in, or with `advantage_stats` = (mean, std) of a larger batch when the loss
+    is called per micro batch), then multiplied by advantage_scale.
+    Value: 0.5·(V − v_s)² ("mse") or Huber with huber_delta (equal to mse for |V − v_s| ≤ delta).
+    With value_clip, as in PPO2: max(loss(V), loss(V_old + clip(V − V_old, ±value_clip))).
+    Returns (loss, stats) with the stats as python floats.
+    """
+    _check_loss_args(ratio_clip_eps, clip_ratio_c, value_loss_type, huber_delta, value_clip,
+                     advantage_scale)
+    _check_loss_shapes(new_logp, behavior_logp, advantages, values, old_values, value_targets, entropy,
+                       rhos)
+
+    adv = advantages.detach()
+    if normalize_advantages:
+        mean, std = advantage_stats if advantage_stats is not None else (adv.mean(), adv.std(unbiased=False))
+        adv = (adv - mean) / (std + 1e-8)
+    adv = adv * advantage_scale
+    if new_logp.dim() == adv.dim() + 1:
+        adv = adv.unsqueeze(-1)           # one advantage per policy step, shared by its M parts
+
+    log_ratio = (new_logp - behavior_logp.detach()).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+    pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - ratio_clip_eps, 1.0 + ratio_clip_eps))
+    if clip_ratio_c is not None:
+        pg = torch.where(adv < 0, torch.minimum(pg, -clip_ratio_c * adv), pg)
+    policy_loss = pg.mean()
+
+    value_loss = _value_loss(values, old_values.detach(), value_targets.detach(), value_loss_type,
+                             huber_delta, value_clip)
+    entropy_mean = entropy.mean()
+    loss = policy_loss + value_loss_coef * value_loss - entropy_bonus * entropy_mean
+
+    with torch.no_grad():
+        vt = value_targets.detach().double()
+        var_vs = vt.var(unbiased=False)
+        stats = {
+            "policy_loss": policy_loss.item(),
+            "value_loss": value_loss.item(),
+            "entropy": entropy_mean.item(),
+            "approx_kl": ((ratio - 1) - log_ratio).mean().item(),          # k3 estimator of KL(μ‖π)
+            "clip_fraction": ((ratio - 1).abs() > ratio_clip_eps).float().mean().item(),
+            "ratio_mean": ratio.mean().item(),
+            "ratio_max": ratio.max().item(),
+            "rho_mean": rhos.double().mean().item(),
+            "rho_clipped_fraction": (rhos > rho_bar).float().mean().item(),
+            # 1 − Var[v_s − V]/Var[v_s]: 1 perfect, 0 no better than a constant; nan if v_s is constant
+            "explained_variance": (1.0 - (vt - values.detach().double()).var(unbiased=False) / var_vs).item()
+            if var_vs > 0 else math.nan,
+        }
+    return loss, stats
+
+
+def ppo_loss_from_config(alg, **tensors) -> tuple[torch.Tensor, dict]:
+    """`ppo_loss` with the coefficients of an AlgorithmConfig (`cfg.algorithm`)."""
+    return ppo_loss(**tensors, rho_bar=alg.rho_bar, ratio_clip_eps=alg.ratio_clip_eps,
+                    clip_ratio_c=alg.clip_ratio_c, entropy_bonus=alg.entropy_bonus,
+                    value_loss_coef=alg.value_loss_coef, value_loss_type=alg.value_loss_type,
+                    huber_delta=alg.huber_delta, value_clip=alg.value_clip,
+                    normalize_advantages=alg.normalize_advantages, advantage_scale=alg.advantage_scale)
+
+
+def _value_loss(values, old_values, targets, kind, huber_delta, value_clip) -> torch.Tensor:
+    def per_element(v):
+        if kind == "huber":
+            return F.huber_loss(v, targets, reduction="none", delta=huber_delta)
+        return 0.5 * (v - targets) ** 2
+
+    loss = per_element(values)
+    if value_clip is not None:
+        clipped = old_values + (values - old_values).clamp(-value_clip, value_clip)
+        loss = torch.maximum(loss, per_element(clipped))
+    return loss.mean()
+
+
+def _check_loss_args(ratio_clip_eps, clip_ratio_c, value_loss_type, huber_delta, value_clip,
+                     advantage_scale) -> None:
+    if not ratio_clip_eps > 0:
+        raise ValueError(f"ppo_loss: ratio_clip_eps={ratio_clip_eps} must be > 0")
+    if clip_ratio_c is not None and not clip_ratio_c > 1:
+        raise ValueError(f"ppo_loss: clip_ratio_c={clip_ratio_c} must be > 1 or None (disabled)")
+    if value_loss_type not in ("mse", "huber"):
+        raise ValueError(f"ppo_loss: value_loss_type={value_loss_type!r}; allowed: 'mse', 'huber'")
+    if not huber_delta > 0:
+        raise ValueError(f"ppo_loss: huber_delta={huber_delta} must be > 0")
+    if value_clip is not None and not value_clip > 0:
+        raise ValueError(f"ppo_loss: value_clip={value_clip} must be > 0 or None (disabled)")
+    if not advantage_scale > 0:
+        raise ValueError(f"ppo_loss: advantage_scale={advantage_scale} must be > 0")
+
+
+def _check_loss_shapes(new_logp, behavior_logp, advantages, values, old_values, value_targets,
+                       entropy, rhos) -> None:
+    S = advantages.shape
+    for name, x in (("values", values), ("old_values", old_values),
+                    ("value_targets", value_targets), ("rhos", rhos)):
+        if x.shape != S:
+            raise ValueError(f"ppo_loss: {name} {tuple(x.shape)} must match advantages {tuple(S)}")
+    if new_logp.shape != behavior_logp.shape:
+        raise ValueError(f"ppo_loss: new_logp {tuple(new_logp.shape)} and behavior_logp "
+                         f"{tuple(behavior_logp.shape)} must have the same shape")
+    for name, x in (("log-probs", new_logp), ("entropy", entropy)):
+        if not (x.shape == S or (x.dim() == len(S) + 1 and x.shape[:-1] == S)):
+            raise ValueError(f"ppo_loss: {name} {tuple(x.shape)} must be {tuple(S)} or "
+                             f"{tuple(S)} + [M] (advantages {tuple(S)})")

@@ -1,0 +1,149 @@
+"""Weights the actors receive: gather the trainable tensors out of ZeRO-3, EMA them, hand them over.
+
+    tensors = gather_trainable(engine)           # EVERY rank (a collective); full fp32 on rank 0
+    if rank == 0:
+        published = ema.update(tensors)          # θ_pub <- d·θ_pub + (1-d)·θ, fp32 shadow
+        weights.publish(version, published)
+
+or both at once with timings: `published, timings = publish_step(engine, ema_or_None)`.
+
+Names are the module's own parameter names (as an un-wrapped copy of the model sees them), so
+an actor can `load_trainable_state_dict` them straight into its copy.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import torch
+from torch import nn
+
+# Gather at most this many elements at once: a full fine-tune of a large model must not be
+# materialised whole on every rank. LoRA + value head fit in one bucket.
+GATHER_BUCKET_NUMEL = 1 << 27
+
+
+def gather_trainable(model, *, all_ranks: bool = False,
+                     bucket_numel: int = GATHER_BUCKET_NUMEL) -> dict[str, torch.Tensor] | None:
+    """Full fp32 CPU copies of the trainable parameters (requires_grad), never the frozen base.
+
+    A collective under ZeRO-3: every rank must call it, with the same model, or the job hangs.
+    Returns the tensors on rank 0 and None on the other ranks (all ranks get them with
+    all_ranks=True). Works on a DeepSpeed engine (any ZeRO stage) and on a plain module.
+    """
+    import deepspeed
+    import torch.distributed as dist
+
+    module = unwrap(model)
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    keep = all_ranks or not dist.is_initialized() or dist.get_rank() == 0
+    out: dict[str, torch.Tensor] = {}
+    for bucket in _buckets(named, bucket_numel):
+        # Same buckets in the same order on every rank: bucket bounds come from ds_numel, which
+        # every rank knows (a partitioned parameter's own numel() is 0).
+        with deepspeed.zero.GatheredParameters([p for _, p in bucket], modifier_rank=None):
+            if keep:
+                for name, p in bucket:
+                    full = p.detach()
+                    if tuple(full.shape) != _full_shape(p):
+                        raise RuntimeError(f"parameter '{name}' was not gathered: shape "
+                                           f"{tuple(full.shape)}, expected {_full_shape(p)}")
+                    out[name] = full.to(device="cpu", dtype=torch.float32, copy=True)
+    return out if keep else None
+
+
+def unwrap(model) -> nn.Module:
+    """The user's module inside a DeepSpeed engine (whose own names carry a 'module.' prefix)."""
+    return model.module if hasattr(model, "module") and isinstance(model.module, nn.Module) else model
+
+
+def _full_shape(p: torch.Tensor) -> tuple:
+    return tuple(getattr(p, "ds_shape", p.shape))
+
+
+def _full_numel(p: torch.Tensor) -> int:
+    return int(getattr(p, "ds_numel", p.numel()))
+
+
+def _buckets(named: list, bucket_numel: int) -> Iterator[list]:
+    bucket, size = [], 0
+    for item in named:
+        n = _full_numel(item[1])
+        if bucket and size + n > bucket_numel:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(item)
+        size += n
+    if bucket:
+        yield bucket
+
+
+class EmaPublisher:
+    """The published weights θ_pub <- d·θ_pub + (1-d)·θ, kept in fp32 (bf16 would swallow the small
+    updates of a decay near 1). The first update sets θ_pub = θ; d = 0 publishes θ as it is.
+
+    Lives on rank 0 only. `update` returns fresh tensors in `dtype` (copies: the transport may
+    still be sending them while the shadow moves on). `timings` holds the last update's seconds.
+    """
+
+    def __init__(self, decay: float, dtype: torch.dtype = torch.float32):
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"rollout_ema_decay={decay} must be in [0, 1)")
+        self.decay = float(decay)
+        self.dtype = dtype
+        self.shadow: dict[str, torch.Tensor] | None = None
+        self.updates = 0
+        self.timings: dict[str, float] = {}
+
+    def update(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        t0 = time.perf_counter()
+        if self.shadow is None or self.decay == 0.0:
+            self.shadow = {k: v.detach().to("cpu", torch.float32, copy=True) for k, v in tensors.items()}
+        else:
+            self._check_names(tensors)
+            d = self.decay
+            for k, s in self.shadow.items():
+                s.mul_(d).add_(tensors[k].detach().to("cpu", torch.float32), alpha=1.0 - d)
+        self.updates += 1
+        out = self.published()
+        self.timings = {"ema_s": time.perf_counter() - t0}
+        return out
+
+    def published(self) -> dict[str, torch.Tensor]:
+        """Copies of the current θ_pub in the publishing dtype (empty before the first update)."""
+        return {k: v.to(self.dtype, copy=True) for k, v in (self.shadow or {}).items()}
+
+    def state_dict(self) -> dict:
+        return {"decay": self.decay, "updates": self.updates,
+                "shadow": None if self.shadow is None else {k: v.clone() for k, v in self.shadow.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore θ_pub from a checkpoint. The decay stays the one this publisher was built with
+        (a resumed run may change rollout_ema_decay)."""
+        if not isinstance(state, dict) or "shadow" not in state:
+            raise ValueError("EMA state must be a dict from EmaPublisher.state_dict() (with 'shadow')")
+        shadow = state["shadow"]
+        self.shadow = None if shadow is None else {k: torch.as_tensor(v).to("cpu", torch.float32, copy=True)
+                                                    for k, v in shadow.items()}
+        self.updates = int(state.get("updates", 0))
+
+    def _check_names(self, tensors: dict) -> None:
+        if tensors.keys() != self.shadow.keys():
+            missing = sorted(self.shadow.keys() - tensors.keys())
+            extra = sorted(tensors.keys() - self.shadow.keys())
+            raise KeyError(f"EMA update with different tensors: missing {missing[:3]}, "
+                           f"unexpected {extra[:3]} (the trainable set must not change during a run)")
+
+
+def publish_step(model, ema: EmaPublisher | None) -> tuple[dict[str, torch.Tensor] | None, dict]:
+    """Gather (every rank) then EMA (the rank that holds `ema`). Returns (tensors to publish or
+    None, timings {'gather_s', 'ema_s'})."""
+    t0 = time.perf_counter()
+    tensors = gather_trainable(model)
+    timings = {"gather_s": time.perf_counter() - t0, "ema_s": 0.0}
+    if ema is None or tensors is None:
+        return None, timings
+    published = ema.update(tensors)
+    timings["ema_s"] = ema.timings["ema_s"]
+    return published, timings

@@ -1,0 +1,167 @@
+"""One learner update on a batch: recompute π_θ on the behaviour data, V-trace targets, PPO epochs.
+
+Every rank calls these with the same batch geometry: under ZeRO-3 each forward/backward gathers
+parameters collectively, so the number of forward calls must match across ranks (hence the
+padding of the truncation bootstrap observations to the largest count of any rank).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from asyncvla.common.config import Config
+from asyncvla.common.policy import reduce_logprobs
+from asyncvla.learner.ingest import Batch
+from asyncvla.learner.loss import ppo_loss
+from asyncvla.learner.vtrace import chunk_rewards, vtrace
+
+OBS_KEYS = ("image", "instruction", "instruction_mask", "state")
+
+
+def step_discount(cfg: Config) -> float:
+    """Discount between two policy steps. With action-level rewards γ is per env step and a policy
+    step spans K env steps, so consecutive policy steps are γ^K apart."""
+    g = cfg.algorithm.gamma
+    return g ** cfg.policy.num_action_chunks if cfg.algorithm.reward_type == "action_level" else g
+
+
+def update(engine, batch: Batch, cfg: Config, device: torch.device) -> dict:
+    """Targets without gradient, then `update_epochs` passes of PPO over `num_minibatches` minibatches."""
+    targets = compute_targets(engine, batch, cfg, device)
+    stats = ppo_epochs(engine, batch, targets, cfg, device)
+    stats.update(targets["stats"])
+    return stats
+
+
+# ------------------------------------------------------------------------------------ targets
+@torch.no_grad()
+def compute_targets(engine, batch: Batch, cfg: Config, device) -> dict:
+    a = batch.arrays
+    T, N = a["action_tokens"].shape[:2]
+    level = cfg.algorithm.logprob_type
+    K, D = cfg.policy.num_action_chunks, cfg.policy.action_dim
+
+    # π_θ on all T+1 observations (the last only for its value) and on the truncation finals.
+    obs = {k: _flat(a[k]) for k in OBS_KEYS if k in a}                    # [(T+1)*N, ...]
+    tokens = _flat(np.concatenate([a["action_tokens"], a["action_tokens"][-1:]]))
+    n_final = _max_over_ranks(len(batch.final_index), device)
+    if n_final:
+        fin = _pad_rows({k: batch.finals["final_" + k] for k in OBS_KEYS if "final_" + k in batch.finals},
+                        n_final, like=obs)
+        obs = {k: np.concatenate([obs[k], fin[k]]) for k in obs}
+        tokens = np.concatenate([tokens, np.zeros((n_final, tokens.shape[1]), tokens.dtype)])
+    logp, values = [], []
+    for sl in _chunks(len(tokens), cfg.learner.micro_batch_size):
+        out = engine(*_inputs({k: v[sl] for k, v in obs.items()}, tokens[sl], device), level)
+        logp.append(out.logprobs.float())
+        values.append(out.values.float())
+    logp, values = torch.cat(logp), torch.cat(values)
+    M = logp.shape[-1]
+    target_logp = logp[: T * N].reshape(T, N, M)
+    v_all = values[: (T + 1) * N].reshape(T + 1, N)
+    final_values = values[(T + 1) * N:][: len(batch.final_index)]
+
+    behavior = reduce_logprobs(torch.from_numpy(a["behavior_logp"]).to(device), level, K, D)
+    rewards = torch.from_numpy(a["rewards"]).to(device).float()
+    gamma = step_discount(cfg)
+    if rewards.dim() == 3:   # action_level: per env step, discounted inside the chunk
+        rewards = chunk_rewards(rewards, cfg.algorithm.gamma)
+    terminated = torch.from_numpy(a["terminated"]).to(device).bool()
+    truncated = torch.from_numpy(a["truncated"]).to(device).bool()
+    # A truncated step bootstraps from V(final observation), never from the next episode's first
+    # observation: add γ·V(final) to its reward and cut the discount (see learner/vtrace.py).
+    if len(batch.final_index):
+        t_idx = torch.from_numpy(batch.final_index[:, 0]).to(device)
+        b_idx = torch.from_numpy(batch.final_index[:, 1]).to(device)
+        rewards = rewards.index_put((t_idx, b_idx), gamma * final_values, accumulate=True)
+    discounts = gamma * (~(terminated | truncated)).float()
+
+    vt = vtrace(behavior_logp=behavior, target_logp=target_logp, rewards=rewards,
+                values=v_all[:-1], bootstrap_value=v_all[-1], discounts=discounts,
+                rho_bar=cfg.algorithm.rho_bar, c_bar=cfg.algorithm.c_bar, lam=cfg.algorithm.vtrace_lambda)
+    return {"behavior_logp": behavior, "old_values": v_all[:-1], "vs": vt.vs,
+            "advantages": vt.pg_advantages, "rhos": vt.rhos,
+            "stats": {"rollout/reward_mean": float(rewards.mean()),
+                      "rollout/value_mean": float(v_all.mean())}}
+
+
+# --------------------------------------------------------------------------------------- PPO
+def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device) -> dict:
+    a = batch.arrays
+    T, N = a["action_tokens"].shape[:2]
+    obs = {k: _flat(a[k][:T]) for k in OBS_KEYS if k in a}
+    tokens = _flat(a["action_tokens"])
+    flat = {k: targets[k].reshape(T * N, *targets[k].shape[2:])
+            for k in ("behavior_logp", "old_values", "vs", "advantages", "rhos")}
+    alg = cfg.algorithm
+    sums, count = defaultdict(float), 0
+    gen = torch.Generator().manual_seed(int(a["action_tokens"][0, 0, 0]) + N)   # same order on all ranks
+    for _ in range(alg.update_epochs):
+        order = torch.randperm(T * N, generator=gen).numpy()
+        for mb in np.array_split(order, alg.num_minibatches):
+            micro = list(_chunks(len(mb), cfg.learner.micro_batch_size))
+            for sl in micro:
+                idx = mb[sl]
+                out = engine(*_inputs({k: v[idx] for k, v in obs.items()}, tokens[idx], device),
+                             alg.logprob_type)
+                t_idx = torch.from_numpy(idx).to(device)
+                loss, stats = ppo_loss(
+                    new_logp=out.logprobs.float(), behavior_logp=flat["behavior_logp"][t_idx],
+                    advantages=flat["advantages"][t_idx], values=out.values.float(),
+                    old_values=flat["old_values"][t_idx], value_targets=flat["vs"][t_idx],
+                    entropy=out.entropy.float(), rhos=flat["rhos"][t_idx], rho_bar=alg.rho_bar,
+                    ratio_clip_eps=alg.ratio_clip_eps, clip_ratio_c=alg.clip_ratio_c,
+                    entropy_bonus=alg.entropy_bonus, value_loss_coef=alg.value_loss_coef,
+                    value_loss_type=alg.value_loss_type, huber_delta=alg.huber_delta,
+                    value_clip=alg.value_clip, normalize_advantages=alg.normalize_advantages,
+                    advantage_scale=alg.advantage_scale)
+                # DeepSpeed divides by gradient_accumulation_steps (= len(micro)); re-weight uneven
+                # micro batches so the minibatch loss is the mean over its samples.
+                engine.backward(loss * (len(idx) * len(micro) / len(mb)))
+                engine.step()
+                for k, v in stats.items():
+                    sums[k] += v
+                count += 1
+    out = {k: v / count for k, v in sums.items()}
+    gn = engine.get_global_grad_norm() if hasattr(engine, "get_global_grad_norm") else None
+    if gn is not None:
+        out["grad_norm"] = float(gn)
+    return out
+
+
+# ----------------------------------------------------------------------------------- helpers
+def _flat(x: np.ndarray) -> np.ndarray:
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def _chunks(n: int, size: int):
+    for lo in range(0, n, size):
+        yield slice(lo, min(n, lo + size))
+
+
+def _inputs(obs: dict, tokens: np.ndarray, device):
+    t = lambda x: torch.from_numpy(np.ascontiguousarray(x)).to(device)   # noqa: E731
+    return (t(obs["image"]), t(obs["instruction"]), t(obs["instruction_mask"]),
+            t(obs["state"]) if "state" in obs else None, t(tokens))
+
+
+def _pad_rows(arrays: dict, n: int, like: dict) -> dict:
+    """Pad each array to n rows (copies of the first observation of the batch when empty)."""
+    out = {}
+    for k, ref in like.items():
+        x = arrays.get(k, ref[:0])
+        filler = x[:1] if len(x) else ref[:1]
+        out[k] = np.concatenate([x] + [filler] * (n - len(x))) if n > len(x) else x
+    return out
+
+
+def _max_over_ranks(n: int, device) -> int:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return n
+    t = torch.tensor([n], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())

@@ -1,0 +1,121 @@
+"""Throughput of the tiny VLA policy on CPU (default config: K=4, D=7, 64 px, LoRA rank 32).
+
+act():      policy actions (chunks of K env steps) per second at batch 1, 8 and 32 (sampling, no grad)
+evaluate(): samples per second of forward + backward (the learner's inner step) at batch 8 and 32
+Also the size of what weight publishing ships: trainable_state_dict() of the tiny model, and the
+same figure computed for a 7B-class backbone (Llama-2-7B text dims) at the configured LoRA rank.
+
+    python tests/benchmarks/policy_throughput.py [--quick] [--out bench_results/policy_throughput.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import torch
+
+from asyncvla.common.config import PolicyConfig
+from asyncvla.common.policy import VLAPolicy
+
+ACT_BATCHES = (1, 8, 32)
+EVAL_BATCHES = (8, 32)
+
+
+def run(quick: bool = False) -> dict:
+    cfg = PolicyConfig()
+    t0 = time.perf_counter()
+    policy = VLAPolicy.build(cfg)
+    build_s = time.perf_counter() - t0
+    repeats = 2 if quick else 5
+    k = cfg.num_action_chunks
+    results = {"device": "cpu", "torch_threads": torch.get_num_threads(), "build_s": round(build_s, 3),
+               "num_action_chunks": k, "action_dim": cfg.action_dim, "quick": quick,
+               "act": {}, "evaluate": {}}
+
+    for b in ACT_BATCHES:
+        image, ids, mask = _batch(policy, b)
+        gen = torch.Generator().manual_seed(0)
+        policy.act(image, ids, mask, generator=gen)  # warm-up
+        sec = _best_of(repeats, lambda: policy.act(image, ids, mask, generator=gen))
+        results["act"][f"batch_{b}"] = {"seconds_per_call": round(sec, 4), "actions_per_s": round(b / sec, 2),
+                                        "env_steps_per_s": round(b * k / sec, 2)}
+
+    policy.train()
+    for b in EVAL_BATCHES:
+        image, ids, mask = _batch(policy, b)
+        tokens = policy.act(image, ids, mask, generator=torch.Generator().manual_seed(1)).action_tokens
+
+        def step():
+            out = policy.evaluate(image, ids, mask, None, tokens)
+            (-(out.logprobs.sum()) + out.values.square().sum()).backward()
+            policy.zero_grad(set_to_none=True)
+        step()  # warm-up
+        sec = _best_of(repeats, step)
+        results["evaluate"][f"batch_{b}"] = {"seconds_per_step": round(sec, 4),
+                                             "samples_per_s": round(b / sec, 2)}
+
+    sd = policy.trainable_state_dict()
+    results["trainable_state_dict"] = {
+        "tiny": {"tensors": len(sd), "parameters": sum(v.numel() for v in sd.values()),
+                 "bytes": sum(v.numel() * v.element_size() for v in sd.values())},
+        "llama2_7b_text_q_k_v_o": lora_publish_size(hidden=4096, layers=32, rank=cfg.lora_rank,
+                                                    value_hidden=cfg.value_head_hidden),
+    }
+    results["total_parameters"] = sum(p.numel() for p in policy.parameters())
+    return results
+
+
+def lora_publish_size(hidden: int, layers: int, rank: int, value_hidden: int, modules: int = 4) -> dict:
+    """Tensors / parameters / bytes of LoRA on `modules` square projections per layer + the value head."""
+    lora_params = layers * modules * 2 * rank * hidden          # A [r, h] and B [h, r]
+    head_params = hidden * value_hidden + value_hidden + value_hidden + 1
+    params = lora_params + head_params
+    return {"tensors": layers * modules * 2 + 4, "parameters": params,
+            "bytes_fp32": params * 4, "bytes_bf16": params * 2}
+
+
+def _batch(policy, b: int):
+    rng = np.random.default_rng(b)
+    image = rng.integers(0, 256, (b, policy.cfg.image_size, policy.cfg.image_size, 3), dtype=np.uint8)
+    texts = ["push the cube to the goal region", "pick up the red cube", "lift the peg"]
+    ids, mask = policy.tokenize([texts[i % len(texts)] for i in range(b)])
+    return image, ids, mask
+
+
+def _best_of(n: int, fn) -> float:
+    best = float("inf")
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repeats (under 2 minutes)")
+    ap.add_argument("--out", default="bench_results/policy_throughput.json")
+    args = ap.parse_args()
+    results = run(args.quick)
+    for b, r in results["act"].items():
+        print(f"act        {b:>9}: {r['actions_per_s']:8.2f} actions/s  "
+              f"({r['env_steps_per_s']:.1f} env steps/s, {r['seconds_per_call'] * 1e3:.1f} ms/call)")
+    for b, r in results["evaluate"].items():
+        print(f"evaluate   {b:>9}: {r['samples_per_s']:8.2f} samples/s "
+              f"(fwd+bwd, {r['seconds_per_step'] * 1e3:.1f} ms/step)")
+    for name, r in results["trainable_state_dict"].items():
+        size = r.get("bytes", r.get("bytes_fp32"))
+        print(f"trainable_state_dict {name}: {r['tensors']} tensors, {r['parameters']:,} parameters, "
+              f"{size / 2**20:.2f} MiB (fp32)")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

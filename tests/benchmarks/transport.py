@@ -1,0 +1,246 @@
+"""Transport throughput and weight latency over loopback tcp.
+
+Trajectories: segments of about 64 KB, 1 MB, 8 MB and 32 MB (plus the realistic T=16, 8 envs,
+128 px one) pushed by a sender process to a receiver in this process, once with our codec and
+sockets (TrajectorySender -> TrajectoryReceiver: encode, send zero-copy, receive zero-copy,
+decode and validate) and once with raw pyzmq PUSH/PULL moving the very same frames, in the same
+run, alternating, best of the repeats. Weights: publish-to-available latency (publish() called
+-> the actor process holds the arrays from wait_newer) for ~1 MB and 200 MB payloads, and the
+server's memory growth while serving 200 MB to three actor processes at once.
+
+    python -m tests.benchmarks.transport [--quick] [--out bench_results/transport.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing as mp
+import os
+import platform
+import threading
+import time
+
+import numpy as np
+import psutil
+import zmq
+
+from asyncvla.common import protocol as P
+from asyncvla.common import transport
+from asyncvla.common.config import TransportConfig
+from asyncvla.common.protocol import Segment, SegmentSpec
+
+T, B, L, K, D = 4, 2, 32, 4, 7
+TARGETS = [("64KB", 64 << 10), ("1MB", 1 << 20), ("8MB", 8 << 20), ("32MB", 32 << 20)]
+
+
+def run(quick: bool = False) -> dict:
+    results = {"quick": quick, "cpus": os.cpu_count(), "python": platform.python_version(),
+               "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(), "throughput": [], "weights": []}
+    budget = (256 if quick else 1024) << 20          # bytes per measured run
+    repeats = 2 if quick else 3
+    cases = [(label, _side_for(nbytes), T, B) for label, nbytes in TARGETS] + [("realistic", 128, 16, 8)]
+    for label, side, t, b in cases:
+        size = P.total_bytes(P.encode_segment(_segment(side, t, b)))
+        count = int(min(5000, max(20, budget // size)))
+        best = {"ours": 0.0, "raw": 0.0}
+        for _ in range(repeats):
+            for mode in ("raw", "ours"):
+                best[mode] = max(best[mode], _throughput(mode, side, t, b, count))
+        results["throughput"].append({
+            "payload": label, "bytes": size, "T": t, "B": b, "image_side": side, "messages": count,
+            "ours_segments_per_s": best["ours"], "raw_segments_per_s": best["raw"],
+            "ours_GBps": best["ours"] * size / 1e9, "raw_GBps": best["raw"] * size / 1e9,
+            "ours_over_raw": best["ours"] / best["raw"]})
+    for label, numel, versions in [("1MB", 1 << 18, 10 if quick else 30), ("200MB", 50 << 20, 3 if quick else 6)]:
+        results["weights"].append({"payload": label, "bytes": numel * 4, **_weight_latency(numel, versions)})
+    results["weights_server_rss_growth_MB_3x200MB"] = _server_memory(50 << 20, subscribers=3)
+    return results
+
+
+# ---------------------------------------------------------------------------- trajectories
+def _side_for(nbytes: int) -> int:
+    """Image side so that the segment (images dominate) is about nbytes."""
+    return max(8, int(round((nbytes / ((T + 1) * B * 3)) ** 0.5)))
+
+
+def _spec(side: int, t: int) -> SegmentSpec:
+    return SegmentSpec(image_size=side, instruction_len=L, num_tokens=K * D, num_action_chunks=K, num_steps=t)
+
+
+def _segment(side: int, t: int, b: int) -> Segment:
+    rng = np.random.default_rng(0)
+    z = lambda shape, dt: np.zeros(shape, dt)
+    arrays = {"image": rng.integers(0, 256, (t + 1, b, side, side, 3), dtype=np.uint8),
+              "instruction": z((t + 1, b, L), np.int64), "instruction_mask": z((t + 1, b, L), np.uint8),
+              "action_tokens": z((t, b, K * D), np.int64), "behavior_logp": -rng.random((t, b, K * D), np.float32),
+              "rewards": rng.random((t, b), np.float32), "terminated": z((t, b), np.uint8),
+              "truncated": z((t, b), np.uint8), "final_index": z((0, 2), np.int64),
+              "final_image": z((0, side, side, 3), np.uint8), "final_instruction": z((0, L), np.int64),
+              "final_instruction_mask": z((0, L), np.uint8), "ep_return": z(0, np.float32),
+              "ep_length": z(0, np.int64), "ep_success": z(0, np.uint8)}
+    meta = {"actor_id": "bench", "seq": 0, "policy_version": 0, "num_steps": t, "num_envs": b, "env_steps": t * b * K}
+    return Segment(meta, arrays)
+
+
+def _sender(mode: str, endpoint: str, side: int, t: int, b: int, count: int, tcfg: dict) -> None:
+    cfg = TransportConfig(**tcfg)
+    seg = _segment(side, t, b)
+    if mode == "ours":
+        sender = transport.TrajectorySender([endpoint], cfg)
+        for _ in range(count):
+            sender.send(seg)
+        sender.close()
+        return
+    frames = P.encode_segment(seg)
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.sndhwm, push.linger = cfg.send_hwm, cfg.linger_ms
+    push.connect(endpoint)
+    for _ in range(count):
+        push.send_multipart(frames, copy=False)
+    push.close()
+    ctx.term()
+
+
+def _throughput(mode: str, side: int, t: int, b: int, count: int) -> float:
+    """Segments per second, timed at the receiver from the 1st to the last message."""
+    cfg = TransportConfig(linger_ms=5000)
+    warm = 3
+    if mode == "ours":
+        rx = transport.TrajectoryReceiver(cfg, 0, _spec(side, t), endpoint="tcp://127.0.0.1:*")
+        receive, endpoint, close = lambda: rx.recv(timeout_ms=30_000), rx.endpoint, rx.close
+    else:
+        ctx = zmq.Context()
+        pull = ctx.socket(zmq.PULL)
+        pull.rcvhwm, pull.linger = cfg.recv_hwm, 0
+        pull.setsockopt(zmq.MAXMSGSIZE, cfg.max_message_mb << 20)
+        pull.bind("tcp://127.0.0.1:*")
+        endpoint = pull.getsockopt(zmq.LAST_ENDPOINT).decode()
+        receive = lambda: pull.recv_multipart(copy=False) if pull.poll(30_000) else None
+
+        def close():
+            pull.close()
+            ctx.term()
+    proc = mp.get_context("spawn").Process(target=_sender, args=(mode, endpoint, side, t, b, count + warm,
+                                                                  dataclasses.asdict(cfg)))
+    proc.start()
+    try:
+        for _ in range(warm):
+            assert receive() is not None, "sender produced nothing"
+        t0 = time.perf_counter()
+        for _ in range(count):
+            msg = receive()
+            assert msg is not None, "a segment went missing"
+            del msg
+        elapsed = time.perf_counter() - t0
+    finally:
+        proc.join(60)
+        close()
+    if mode == "ours":
+        assert not rx.stats["invalid"], rx.stats
+    return count / elapsed
+
+
+# --------------------------------------------------------------------------------- weights
+def _subscriber(endpoint: str, versions: int, conn) -> None:
+    sub = transport.WeightSubscriber(endpoint, TransportConfig(), wait_s=1.0)
+    conn.send("ready")
+    version = 0
+    for _ in range(versions):
+        got = sub.wait_newer(version, timeout=120)
+        t_loaded = time.monotonic()
+        assert got is not None, "no weights within 120 s"
+        version = got[0]
+        conn.send((version, t_loaded, int(sum(a.nbytes for a in got[1].values()))))
+    sub.close()
+
+
+def _weight_latency(numel: int, versions: int) -> dict:
+    payload = {"policy.weight": np.full(numel, 0.5, np.float32)}
+    server = transport.WeightServer(TransportConfig(), endpoint="tcp://127.0.0.1:*")
+    parent, child = mp.get_context("spawn").Pipe()
+    proc = mp.get_context("spawn").Process(target=_subscriber, args=(server.endpoint, versions, child))
+    proc.start()
+    latencies = []
+    try:
+        assert parent.poll(60) and parent.recv() == "ready"
+        time.sleep(0.3)                                   # connected and waiting (long poll)
+        for v in range(1, versions + 1):
+            t_publish = time.monotonic()                  # CLOCK_MONOTONIC: one clock for both processes
+            server.publish(v, payload)
+            assert parent.poll(120)
+            version, t_loaded, nbytes = parent.recv()
+            assert version == v and nbytes == numel * 4
+            latencies.append(t_loaded - t_publish)
+    finally:
+        proc.join(60)
+        server.close()
+    lat = np.array(latencies) * 1000
+    return {"versions": versions, "latency_ms_median": float(np.median(lat)), "latency_ms_min": float(lat.min()),
+            "latency_ms_max": float(lat.max())}
+
+
+def _server_memory(numel: int, subscribers: int) -> float:
+    """RSS growth of the serving process while `subscribers` actor processes fetch one version."""
+    payload = {"w": np.full(numel, 0.25, np.float32)}
+    server = transport.WeightServer(TransportConfig(), endpoint="tcp://127.0.0.1:*")
+    ctx = mp.get_context("spawn")
+    pipes = [ctx.Pipe() for _ in range(subscribers)]
+    procs = [ctx.Process(target=_subscriber, args=(server.endpoint, 1, c)) for _, c in pipes]
+    for p in procs:
+        p.start()
+    for parent, _ in pipes:
+        assert parent.poll(60) and parent.recv() == "ready"
+    base, peak, done = psutil.Process().memory_info().rss, 0, threading.Event()
+
+    def sample():
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, psutil.Process().memory_info().rss - base)
+            time.sleep(0.005)
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    server.publish(1, payload)
+    for parent, _ in pipes:
+        assert parent.poll(120)
+        parent.recv()
+    done.set()
+    sampler.join()
+    for p in procs:
+        p.join(60)
+    server.close()
+    return round(peak / 2**20, 1)
+
+
+# ------------------------------------------------------------------------------------ main
+def print_table(results: dict) -> None:
+    print(f"{'payload':<10}{'bytes':>11}{'ours seg/s':>12}{'raw seg/s':>11}{'ours GB/s':>11}{'raw GB/s':>10}"
+          f"{'ours/raw':>10}")
+    for r in results["throughput"]:
+        print(f"{r['payload']:<10}{r['bytes']:>11}{r['ours_segments_per_s']:>12.1f}{r['raw_segments_per_s']:>11.1f}"
+              f"{r['ours_GBps']:>11.2f}{r['raw_GBps']:>10.2f}{100 * r['ours_over_raw']:>9.0f}%")
+    for w in results["weights"]:
+        print(f"weights {w['payload']}: publish -> available in the actor process: median "
+              f"{w['latency_ms_median']:.1f} ms (min {w['latency_ms_min']:.1f}, max {w['latency_ms_max']:.1f}; "
+              f"{w['versions']} versions)")
+    print(f"weight server RSS growth serving 200 MB to 3 actors at once: "
+          f"{results['weights_server_rss_growth_MB_3x200MB']} MB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short runs (< 2 minutes)")
+    parser.add_argument("--out", default="bench_results/transport.json", help="JSON output path")
+    args = parser.parse_args()
+    results = run(args.quick)
+    print_table(results)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""One rank of a small DeepSpeed run for tests/test_engine.py (started once per rank with RANK,
+WORLD_SIZE, ... in the environment, or with none of them for a lone rank).
+
+    python tests/ds_worker.py PHASE OUT_DIR
+
+Phases: `train` (ZeRO-3 updates beside an un-sharded reference, gather, EMA, checkpoints),
+`resume` (a fresh run loads the newest checkpoint and takes the next update), `errors` (a single
+rank meets each kind of bad checkpoint). Each rank writes what it saw to OUT_DIR/<phase>_rank<r>.pt;
+the tests assert on those records.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from asyncvla.common.config import Config, to_dict
+from asyncvla.learner import checkpoint, engine as ds_engine
+from asyncvla.learner.publish import EmaPublisher, gather_trainable
+
+D_IN, WIDTH, RANK, N_OUT, MICRO = 8, 32, 4, 6, 4
+GAS = 2                   # micro batches per update on each rank
+WARMUP = 6                # LR warm-up updates: still ramping when the checkpoint at update 4 is taken
+SAVE_AT = (2, 3, 4)       # updates after which `train` saves (keep_last=2 keeps the last two)
+LAST = 5                  # `train` runs this many updates; `resume` redoes the last one
+
+
+class LowRank(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(RANK, WIDTH) * 0.3)
+        self.b = nn.Parameter(torch.randn(WIDTH, RANK) * 0.3)
+
+    def forward(self, h):
+        return h @ self.a.t() @ self.b.t()
+
+
+class TinyAdapterModel(nn.Module):
+    """A frozen base (three Linear layers), a low-rank adapter on the middle one, a value head."""
+
+    def __init__(self):
+        super().__init__()
+        self.base_in = nn.Linear(D_IN, WIDTH)
+        self.base_mid = nn.Linear(WIDTH, WIDTH)
+        self.adapter = LowRank()
+        self.base_out = nn.Linear(WIDTH, N_OUT)
+        self.value_head = nn.Sequential(nn.Linear(WIDTH, 16), nn.Tanh(), nn.Linear(16, 1))
+        for m in (self.base_in, self.base_mid, self.base_out):
+            m.requires_grad_(False)
+
+    def forward(self, x):
+        h = torch.tanh(self.base_in(x))
+        h = torch.tanh(self.base_mid(h) + self.adapter(h))
+        return self.base_out(h), self.value_head(h).squeeze(-1)
+
+
+def make_config() -> Config:
+    cfg = Config()
+    lc = cfg.learner
+    lc.micro_batch_size, lc.lr, lc.value_lr, lc.lr_warmup_steps = MICRO, 1e-3, 1e-2, WARMUP
+    lc.weight_decay, lc.clip_grad, lc.zero_stage, lc.precision = 0.01, 1.0, 3, "fp32"
+    lc.rollout_ema_decay, lc.dist_timeout_minutes = 0.5, 77
+    cfg.checkpoint.keep_last = 2
+    return cfg
+
+
+def build(cfg: Config, world: int):
+    torch.manual_seed(0)                       # the same init on every rank, as in the learner
+    model = TinyAdapterModel()
+    reference = copy.deepcopy(model)           # full weights, before ZeRO-3 partitions them
+    ds = ds_engine.build_ds_config(cfg, world, GAS)
+    ds["zero_optimization"]["stage3_param_persistence_threshold"] = 0    # partition even tiny params
+    return ds_engine.build_engine(model, cfg, GAS, ds_config=ds), reference
+
+
+def batch(update: int, rank: int, micro: int):
+    g = torch.Generator().manual_seed(1000 * update + 10 * rank + micro)
+    return (torch.randn(MICRO, D_IN, generator=g), torch.randint(0, N_OUT, (MICRO,), generator=g),
+            torch.randn(MICRO, generator=g))
+
+
+def loss_fn(model, x, actions, returns):
+    logits, values = model(x.to(next(model.parameters()).dtype))
+    logits, values = logits.float(), values.float()
+    logp = torch.log_softmax(logits, -1).gather(-1, actions[:, None]).squeeze(-1)
+    return -logp.mean() + ((values - returns) ** 2).mean()
+
+
+def engine_update(engine, update: int, rank: int) -> None:
+    for m in range(GAS):
+        engine.backward(loss_fn(engine, *batch(update, rank, m)))
+        engine.step()
+
+
+class Reference:
+    """The same updates without DeepSpeed: one process sees every rank's micro batches."""
+
+    def __init__(self, model, cfg, world):
+        lc = cfg.learner
+        self.model, self.world, self.clip = model, world, lc.clip_grad
+        groups = [{k: v for k, v in g.items() if k != "name"}
+                  for g in ds_engine.param_groups(model, lc.lr, lc.value_lr)]
+        self.params = [p for g in groups for p in g["params"]]
+        self.opt = torch.optim.AdamW(groups, betas=(lc.adam_beta1, lc.adam_beta2), eps=lc.adam_eps,
+                                     weight_decay=lc.weight_decay)
+        self.sched = ds_engine.warmup_schedule(lc.lr_warmup_steps)(self.opt)
+
+    def update(self, update: int) -> None:
+        self.opt.zero_grad()
+        n = self.world * GAS
+        for r in range(self.world):
+            for m in range(GAS):
+                (loss_fn(self.model, *batch(update, r, m)) / n).backward()
+        torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.opt.step()
+        self.sched.step()
+
+    def trainable(self):
+        return {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+
+
+def all_params(engine) -> dict:
+    """Every parameter, frozen ones included (test-only: the publisher never gathers the base)."""
+    import deepspeed
+    params = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(params):
+        return {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+
+
+def rng_draws():
+    return {"torch": torch.rand(3), "numpy": np.random.rand(3), "python": random.random()}
+
+
+# ---------------------------------------------------------------------------------------- phases
+def phase_train(out: Path, rank: int, world: int) -> dict:
+    cfg = make_config()
+    run_dir = out / "run"
+    engine, ref_model = build(cfg, world)
+    ref = Reference(ref_model, cfg, world)
+    rec: dict = {"partitioned": all(p.numel() == 0 for p in engine.module.parameters()),
+                 "group_names": [g.get("name") for g in engine.optimizer.param_groups],
+                 "initial_all": all_params(engine), "ref_all": {n: p.detach().clone()
+                                                                for n, p in ref_model.named_parameters()},
+                 "gathered": [], "ref": [], "pub0": [], "pub5": [], "lrs": [], "timings": [],
+                 "saves": {}, "save_s": []}
+    ema0, ema5 = (EmaPublisher(0.0), EmaPublisher(0.5)) if rank == 0 else (None, None)
+
+    def publish():
+        t0 = time.perf_counter()
+        g = gather_trainable(engine)
+        rec["timings"].append({"gather_s": time.perf_counter() - t0})
+        rec["gathered"].append(g)
+        rec["ref"].append(ref.trainable())
+        rec["pub5"].append(ema5.update(g) if ema5 else None)
+        rec["pub0"].append(ema0.update(g) if ema0 else None)
+        if ema5:
+            rec["timings"][-1].update(ema5.timings)
+
+    publish()
+    for update in range(1, LAST + 1):
+        rec["lrs"].append(ds_engine.group_lrs(engine))          # the LR this update runs at
+        engine_update(engine, update, rank)
+        ref.update(update)
+        publish()
+        if update in SAVE_AT:
+            state = {"step": update, "version": update, "env_steps": 1000 * update,
+                     "rng": checkpoint.rng_state(), "config": to_dict(cfg),
+                     "ema": ema5.state_dict() if ema5 else None}
+            t0 = time.perf_counter()
+            tag_dir = checkpoint.save(engine, run_dir, update, state, keep_last=cfg.checkpoint.keep_last)
+            rec["save_s"].append(time.perf_counter() - t0)
+            rec["saves"][update] = {"tag_dir": str(tag_dir), "rng_draws": rng_draws(),
+                                    "tags_after": sorted(d.name for d in tag_dir.parent.iterdir()
+                                                         if d.is_dir())}
+    rec["final_all"] = all_params(engine)
+    return rec
+
+
+def phase_resume(out: Path, rank: int, world: int) -> dict:
+    cfg = make_config()
+    engine, _ = build(cfg, world)
+    found = checkpoint.find_latest(out.parent / "train" / "run")
+    state = checkpoint.load(engine, found)
+    checkpoint.set_rng_state(state["rng"])
+    rec = {"found": str(found), "state": state, "rng_draws": rng_draws(),
+           "lr_after_load": ds_engine.group_lrs(engine)}
+    ema = EmaPublisher(cfg.learner.rollout_ema_decay) if rank == 0 else None
+    if ema is not None:
+        ema.load_state_dict(state["ema"])
+        rec["ema_shadow"] = {k: v.clone() for k, v in ema.shadow.items()}
+    rec["loaded"] = gather_trainable(engine)
+    engine_update(engine, state["step"] + 1, rank)
+    rec["next"] = gather_trainable(engine)
+    return rec
+
+
+def phase_errors(out: Path, rank: int, world: int) -> dict:
+    cfg = make_config()
+    engine, _ = build(cfg, world)
+    run = out.parent / "train" / "run"            # written by the 2-rank `train` phase
+    errors = {}
+
+    def attempt(name, path):
+        try:
+            checkpoint.load(engine, path)
+            errors[name] = None
+        except checkpoint.CheckpointError as e:
+            errors[name] = str(e)
+
+    attempt("missing", out / "no_such_run")
+    attempt("world_size", run)
+    damaged = out / "damaged"
+    damaged_tag = damaged / "checkpoints" / "step_00000004"
+    shutil.copytree(checkpoint.find_latest(run), damaged_tag)
+    next(damaged_tag.glob("zero_pp_rank_1_*optim_states.pt")).unlink()
+    attempt("damaged", damaged_tag)
+    attempt("damaged_run", damaged)
+    interrupted = out / "interrupted" / "checkpoints" / "step_00000007"
+    shutil.copytree(checkpoint.find_latest(run), interrupted)
+    (interrupted / checkpoint.MARKER).unlink()
+    attempt("interrupted", interrupted)
+    # ZeRO-3 cannot load into the engine that saved: refused before DeepSpeed is asked.
+    engine_update(engine, 1, rank)
+    checkpoint.save(engine, out / "own", 1, {"step": 1})
+    attempt("after_save", out / "own")
+
+    # bf16: the shards carry a bf16_ prefix; a second, fresh engine loads them back exactly.
+    cfg16 = make_config()
+    cfg16.learner.precision = "bf16"
+    first, _ = build(cfg16, world)
+    engine_update(first, 1, rank)
+    tag_dir = checkpoint.save(first, out / "bf16", 1, {"step": 1})
+    saved = gather_trainable(first)
+    second, _ = build(cfg16, world)
+    state = checkpoint.load(second, tag_dir)
+    loaded = gather_trainable(second)
+    bf16 = {"files": sorted(checkpoint.read_marker(tag_dir)["files"]), "state": state,
+            "dtype": str(next(second.module.parameters()).dtype),
+            "equal": saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)}
+    return {"errors": errors, "bf16": bf16, "timeout": pg_timeout()}
+
+
+def pg_timeout():
+    """The default process group's collective time-out (a torch internal: None if it moved)."""
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+        return pg._get_backend(torch.device("cpu")).options._timeout
+    except Exception:
+        return None
+
+
+def main() -> None:
+    phase, out = sys.argv[1], Path(sys.argv[2]) / sys.argv[1]
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    ds_engine.init_distributed(make_config())
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t_init = time.perf_counter() - t0
+    rec = {"train": phase_train, "resume": phase_resume, "errors": phase_errors}[phase](out, rank, world)
+    rec.update(world=world, init_s=t_init, phase_s=time.perf_counter() - t0)
+    torch.save(rec, out / f"rank{rank}.pt")
+    ds_engine.close_distributed()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""The learner's DeepSpeed pieces on real ZeRO-3 ranks (gloo on CPU).
+
+tests/ds_worker.py runs each rank in its own process (so no process group lives in the test
+session): `train` (2 ranks) takes five updates beside an un-sharded reference, gathers and EMAs
+after each, and checkpoints at updates 2, 3, 4 with keep_last=2; `resume` (2 fresh ranks) loads
+the newest checkpoint and redoes update 5; `errors` (1 rank, no launcher environment) meets a
+missing, damaged, interrupted and wrong-world-size checkpoint, and round-trips a bf16 one.
+The test model: a frozen Linear base, a low-rank adapter and a "value_head" submodule.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from asyncvla.common.config import Config
+from asyncvla.learner import engine as ds_engine
+
+from tests import ds_worker as W
+
+WORKER = Path(__file__).parent / "ds_worker.py"
+DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(phase: str, out: Path, world: int, timeout: float = 240) -> list[dict]:
+    """Start `world` ranks of the worker (world=0: one rank with no launcher environment) and
+    return each rank's record. A rank that fails takes the others down (as the launcher would)."""
+    base = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
+    base["OMP_NUM_THREADS"] = "1"
+    port = str(_free_port())
+    ranks = range(max(world, 1))
+    procs = []
+    for r in ranks:
+        env = dict(base) if world == 0 else dict(base, RANK=str(r), LOCAL_RANK=str(r),
+                                                 WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                                                 MASTER_PORT=port)
+        log = open(out / f"{phase}_{r}.log", "w")
+        procs.append((subprocess.Popen([sys.executable, str(WORKER), phase, str(out)], env=env,
+                                       stdout=log, stderr=subprocess.STDOUT), log))
+    deadline = time.monotonic() + timeout
+    failed = None
+    while any(p.poll() is None for p, _ in procs):
+        if failed is None:
+            failed = next((p for p, _ in procs if p.poll() not in (None, 0)), None)
+        if failed is not None or time.monotonic() > deadline:
+            for p, _ in procs:
+                if p.poll() is None:
+                    p.kill()
+        time.sleep(0.1)
+    for _, log in procs:
+        log.close()
+    logs = "\n".join((out / f"{phase}_{r}.log").read_text()[-3000:] for r in ranks)
+    assert all(p.returncode == 0 for p, _ in procs), f"{phase} failed:\n{logs}"
+    return [torch.load(out / phase / f"rank{r}.pt", weights_only=False) for r in ranks]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ds")
+    t0 = time.perf_counter()
+    train = launch("train", out, 2)
+    t1 = time.perf_counter()
+    resume = launch("resume", out, 2)
+    t2 = time.perf_counter()
+    errors = launch("errors", out, 0)
+    t3 = time.perf_counter()
+    r0 = train[0]
+    print(f"\nwall: train {t1 - t0:.1f} s, resume {t2 - t1:.1f} s, errors {t3 - t2:.1f} s; "
+          f"gather {[round(t['gather_s'] * 1e3, 1) for t in r0['timings']]} ms, "
+          f"ema {[round(t['ema_s'] * 1e3, 2) for t in r0['timings']]} ms, "
+          f"save {[round(s * 1e3, 1) for s in r0['save_s']]} ms")
+    return {"out": out, "train": train, "resume": resume, "errors": errors[0]}
+
+
+def _trainable_names():
+    return sorted(n for n, p in W.TinyAdapterModel().named_parameters() if p.requires_grad)
+
+
+# ------------------------------------------------------------------------- configuration (no ranks)
+def test_ds_config_follows_the_learner_config():
+    cfg = Config()
+    cfg.learner.micro_batch_size, cfg.learner.clip_grad, cfg.learner.zero_stage = 8, 0.5, 2
+    ds = ds_engine.build_ds_config(cfg, world_size=4, gradient_accumulation_steps=3)
+    assert ds["train_micro_batch_size_per_gpu"] == 8 and ds["gradient_accumulation_steps"] == 3
+    assert ds["train_batch_size"] == 8 * 3 * 4
+    assert ds["zero_optimization"]["stage"] == 2 and ds["gradient_clipping"] == 0.5
+    opt = ds["optimizer"]
+    assert opt["type"] == "AdamW" and opt["params"]["torch_adam"] is True
+    assert opt["params"]["lr"] == cfg.learner.lr and opt["params"]["eps"] == cfg.learner.adam_eps
+    assert ds["bf16"]["enabled"] is torch.cuda.is_available()          # precision 'auto'
+    cfg.learner.precision = "bf16"
+    assert ds_engine.build_ds_config(cfg, 1)["bf16"]["enabled"] is True
+    assert ds_engine.build_ds_config(Config(), 1)["zero_optimization"]["stage"] == 3
+
+
+def test_param_groups_leave_out_frozen_and_split_the_value_head():
+    model = W.TinyAdapterModel()
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = ds_engine.param_groups(model, lr=1e-4, value_lr=1e-3)
+    assert [(g["name"], g["lr"]) for g in groups] == [("policy", 1e-4), ("value_head", 1e-3)]
+    assert sorted(names[id(p)] for p in groups[0]["params"]) == ["adapter.a", "adapter.b"]
+    assert all(names[id(p)].startswith("value_head.") for p in groups[1]["params"])
+    model.value_head.requires_grad_(False)
+    assert [g["name"] for g in ds_engine.param_groups(model, 1e-4, 1e-3)] == ["policy"]
+    model.requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        ds_engine.param_groups(model, 1e-4, 1e-3)
+
+
+def test_warmup_ramps_linearly_then_holds():
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([{"params": [p], "lr": 1.0}, {"params": [], "lr": 10.0}])
+    sched = ds_engine.warmup_schedule(4)(opt)
+    seen = []
+    for _ in range(6):
+        seen.append([g["lr"] for g in opt.param_groups])
+        opt.step()
+        sched.step()
+    assert seen == [[k / 4, 10 * k / 4] for k in (1, 2, 3)] + [[1.0, 10.0]] * 3
+    opt = torch.optim.SGD([p], lr=1.0)
+    ds_engine.warmup_schedule(0)(opt)
+    assert opt.param_groups[0]["lr"] == 1.0
+
+
+def test_incomplete_launcher_environment_is_refused(monkeypatch):
+    for k in DIST_VARS:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ValueError, match="WORLD_SIZE"):
+        ds_engine.init_distributed(Config())
+
+
+# ------------------------------------------------------------------------------ two ZeRO-3 ranks
+def test_zero3_updates_match_an_unsharded_reference(runs):
+    r0 = runs["train"][0]
+    assert r0["partitioned"], "ZeRO-3 did not partition the parameters"
+    assert r0["group_names"] == ["policy", "value_head"]
+    for k, (got, ref) in enumerate(zip(r0["gathered"], r0["ref"])):
+        assert sorted(got) == _trainable_names()
+        for name in got:
+            assert got[name].dtype == torch.float32 and got[name].shape == ref[name].shape
+            assert torch.allclose(got[name], ref[name], rtol=0, atol=1e-6), (k, name)
+    assert all(torch.equal(r0["gathered"][0][n], r0["ref"][0][n]) for n in r0["gathered"][0])
+
+
+def test_an_update_changes_only_trainable_parameters(runs):
+    r0 = runs["train"][0]
+    before, after = r0["initial_all"], r0["final_all"]
+    trainable = set(_trainable_names())
+    for name in before:
+        changed = not torch.equal(before[name], after[name])
+        assert changed == (name in trainable), name
+        assert torch.equal(before[name], r0["ref_all"][name])
+
+
+def test_value_head_group_runs_at_its_own_lr(runs):
+    r0 = runs["train"][0]
+    lr, value_lr = 1e-3, 1e-2
+    ramp = [min(1.0, k / W.WARMUP) for k in range(1, W.LAST + 1)]
+    assert [g["policy"] for g in r0["lrs"]] == pytest.approx([lr * f for f in ramp])
+    assert [g["value_head"] for g in r0["lrs"]] == pytest.approx([value_lr * f for f in ramp])
+    # Adam's first step moves each weight by ~lr (m/sqrt(v) = ±1): the size of the step shows
+    # which learning rate a parameter actually got.
+    g0, g1 = r0["gathered"][0], r0["gathered"][1]
+    for name in g0:
+        step = (g1[name] - g0[name]).abs().median().item()
+        expected = (value_lr if name.startswith("value_head") else lr) * ramp[0]
+        assert 0.9 < step / expected < 1.05, (name, step, expected)
+
+
+def test_gather_ships_full_tensors_from_rank0_only(runs):
+    r0, r1 = runs["train"]
+    assert all(g is None for g in r1["gathered"])
+    shapes = {n: tuple(p.shape) for n, p in W.TinyAdapterModel().named_parameters()}
+    got = {n: tuple(t.shape) for n, t in r0["gathered"][0].items()}
+    assert got == {n: shapes[n] for n in _trainable_names()}
+
+
+def test_ema_of_published_weights(runs):
+    r0 = runs["train"][0]
+    gathered, pub0, pub5 = r0["gathered"], r0["pub0"], r0["pub5"]
+    for g, p in zip(gathered, pub0):                           # d = 0: the learner's weights
+        assert all(torch.equal(g[n], p[n]) for n in g)
+    for name in gathered[0]:                                   # d = 0.5, by hand
+        expected = gathered[0][name].clone()
+        assert torch.equal(pub5[0][name], expected)
+        for k in (1, 2):
+            expected = 0.5 * expected + 0.5 * gathered[k][name]
+            assert torch.allclose(pub5[k][name], expected, rtol=0, atol=1e-7), (k, name)
+        assert not torch.equal(pub5[2][name], gathered[2][name])
+
+
+def test_checkpoints_prune_and_point_at_the_newest_complete(runs):
+    r0 = runs["train"][0]
+    assert [r0["saves"][k]["tags_after"] for k in W.SAVE_AT] == [
+        ["step_00000002"], ["step_00000002", "step_00000003"], ["step_00000003", "step_00000004"]]
+    root = runs["out"] / "train" / "run" / "checkpoints"
+    assert (root / "latest_complete").read_text() == "step_00000004"
+    assert (root / "latest").read_text() == "step_00000004"       # DeepSpeed's, written by us after
+    assert sorted(p.name for p in (root / "step_00000004").iterdir()) == [
+        "COMPLETE.json", "zero_pp_rank_0_mp_rank_00_model_states.pt",
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_model_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+
+
+def test_fresh_run_resumes_exactly(runs):
+    t0, _ = runs["train"]
+    for rank, rec in enumerate(runs["resume"]):
+        assert Path(rec["found"]).name == "step_00000004"
+        state = rec["state"]
+        assert sorted(state) == ["config", "ema", "env_steps", "rng", "step", "version"]   # no DeepSpeed keys
+        assert (state["step"], state["version"], state["env_steps"]) == (4, 4, 4000)
+        assert state["config"]["learner"]["rollout_ema_decay"] == 0.5
+        train = runs["train"][rank]
+        draws = train["saves"][4]["rng_draws"]          # drawn right after the state was captured
+        assert torch.equal(rec["rng_draws"]["torch"], draws["torch"])
+        assert (rec["rng_draws"]["numpy"] == draws["numpy"]).all()
+        assert rec["rng_draws"]["python"] == draws["python"]
+        assert rec["lr_after_load"]["policy"] == pytest.approx(1e-3 * 5 / W.WARMUP)   # mid-ramp
+    r0 = runs["resume"][0]
+    # Weights bit-equal to those saved; the next update (optimizer + LR state restored) too.
+    assert all(torch.equal(r0["loaded"][n], t0["gathered"][4][n]) for n in t0["gathered"][4])
+    assert all(torch.equal(r0["next"][n], t0["gathered"][5][n]) for n in t0["gathered"][5])
+    assert all(torch.equal(r0["ema_shadow"][n], t0["pub5"][4][n]) for n in t0["pub5"][4])
+    assert runs["resume"][1]["state"]["ema"] is None and runs["resume"][1]["loaded"] is None
+
+
+def test_unusable_checkpoints_give_clear_errors(runs):
+    e = runs["errors"]["errors"]
+    assert "does not exist" in e["missing"]
+    assert "written by 2 learner ranks but this run has 1" in e["world_size"]
+    assert "launch.num_learner_ranks=2" in e["world_size"] and "zero_to_fp32.py" in e["world_size"]
+    assert "zero_pp_rank_1_mp_rank_00_optim_states.pt is missing" in e["damaged"]
+    assert "no complete checkpoint" in e["damaged_run"]
+    assert "no completion marker" in e["interrupted"]
+    assert "build a fresh engine" in e["after_save"]
+    assert not any("Traceback" in m for m in e.values())
+
+
+def test_collective_timeout_comes_from_the_config(runs):
+    timeout = runs["errors"]["timeout"]
+    if timeout is None:
+        pytest.skip("this torch version hides the process group's time-out")
+    assert timeout.total_seconds() == 77 * 60
+
+
+def test_bf16_checkpoint_round_trip(runs):
+    b = runs["errors"]["bf16"]
+    assert b["dtype"] == "torch.bfloat16" and b["equal"] and b["state"] == {"step": 1}
+    assert "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt" in b["files"]

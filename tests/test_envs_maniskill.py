@@ -1,0 +1,219 @@
+"""The ManiSkill wrapper on real ManiSkill3 (CPU physics, software renderer).
+
+Creating an env costs seconds, so envs are shared: PickCube-v1 with one env runs in this process
+(after the first, more in-process envs are cheap), PushCube-v1 with two envs runs in worker
+processes. Short time limits force truncations.
+"""
+
+import gc
+import multiprocessing as mp
+import time
+
+import numpy as np
+import pytest
+
+from asyncvla.actors.envs import make_env
+from asyncvla.actors.envs.base import episode_seed, resize_images
+from asyncvla.common.config import EnvConfig
+
+K, SIZE = 4, 64
+
+
+def maniskill_env(env_id, num_envs=1, reward_type="chunk_level", seed=0, **cfg):
+    cfg.setdefault("max_episode_steps", 6)
+    return make_env(EnvConfig(id=env_id, **cfg), num_envs, SIZE, K, reward_type, seed, action_dim=7)
+
+
+def actions(seed, num_envs, scale=1.0):
+    return (scale * np.random.default_rng(seed).uniform(-1, 1, (num_envs, K, 7))).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def pick():
+    env = maniskill_env("PickCube-v1", reward_type="action_level", seed=1, use_proprio=True)
+    yield env
+    env.close()
+
+
+@pytest.fixture(scope="module")
+def push_holder():
+    holder = {"env": maniskill_env("PushCube-v1", num_envs=2, seed=2)}
+    yield holder
+    if "env" in holder:
+        holder["env"].close()
+
+
+def test_observations(pick, push_holder):
+    push = push_holder["env"]
+    for env, B in ((pick, 1), (push, 2)):
+        obs = env.reset()
+        assert env.num_envs == B and env.action_dim == 7
+        assert obs["image"].shape == (B, SIZE, SIZE, 3) and obs["image"].dtype == np.uint8
+        assert obs["image"].std() > 5                      # a rendered scene, not a blank frame
+        assert env.render_frames().shape == (B, 128, 128, 3)
+    assert "state" not in push.reset() and push.state_dim == 0
+    assert pick.state_dim > 0 and pick.reset()["state"].shape == (1, pick.state_dim)
+    assert pick.reset()["state"].dtype == np.float32
+    assert pick.instructions == ["pick up the red cube and move it to the goal position"]
+    assert push.instructions == ["push the blue cube to the red and white target"] * 2
+
+
+def test_chunks_truncation_and_final_observation_in_workers(push_holder):
+    env = push_holder["env"]
+    env.reset()
+    first = env.step_chunk(actions(0, 2))
+    assert first.env_steps == 2 * K and first.reward.shape == (2,) and first.reward.dtype == np.float32
+    assert not (first.truncated | first.terminated).any() and len(first.done_index) == 0
+    assert first.final_obs["image"].shape == (0, SIZE, SIZE, 3)
+    assert first.success.dtype == np.bool_ and first.terminated.dtype == np.bool_
+    second = env.step_chunk(actions(1, 2))                 # the time limit (6) falls inside the chunk
+    assert second.env_steps == 2 * 2
+    assert second.truncated.all() and not second.terminated.any()
+    np.testing.assert_array_equal(second.done_index, [0, 1])
+    assert second.final_obs["image"].shape == (2, SIZE, SIZE, 3)
+    assert [(e["env"], e["length"]) for e in second.episodes] == [(0, 6), (1, 6)]
+    np.testing.assert_allclose([e["return"] for e in second.episodes], first.reward + second.reward,
+                               rtol=1e-5)
+    # after the auto-reset the robot is back at its start pose: the new first frame differs
+    assert not np.array_equal(second.obs["image"], second.final_obs["image"])
+    third = env.step_chunk(actions(2, 2))
+    assert third.env_steps == 2 * K and not third.truncated.any()
+
+
+def test_chunk_matches_plain_maniskill_stepping(pick):
+    """The wrapper skips rendering inside a chunk; the result must equal stepping ManiSkill plainly."""
+    import gymnasium as gym
+    from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
+
+    plain = CPUGymWrapper(gym.make("PickCube-v1", num_envs=1, obs_mode="rgb", control_mode="pd_ee_delta_pose",
+                                   reward_mode="normalized_dense", sim_backend="physx_cpu",
+                                   render_backend="cpu", max_episode_steps=6))
+    try:
+        obs = pick.reset(seed=5)
+        ref, _ = plain.reset(seed=episode_seed(5, 0, 0))
+        rgb = lambda o: resize_images(o["sensor_data"]["base_camera"]["rgb"][None], SIZE)
+        np.testing.assert_array_equal(obs["image"], rgb(ref))
+        a = actions(3, 1)
+        step = pick.step_chunk(a)
+        rewards = []
+        for k in range(K):
+            ref, r, *_ = plain.step(a[0, k])
+            rewards.append(r)
+        np.testing.assert_allclose(step.reward[0], rewards, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(step.obs["image"], rgb(ref))
+        assert step.reward.shape == (1, K)
+        # the episode ends after 2 more steps: action-level rewards are 0 after the end
+        end = pick.step_chunk(actions(4, 1))
+        assert end.truncated[0] and end.env_steps == 2 and (end.reward[0, 2:] == 0).all()
+        assert end.final_obs["state"].shape == (1, pick.state_dim)
+    finally:
+        plain.close()
+
+
+def test_termination_kept_apart_from_truncation():
+    """Put the cube on the goal: the next step succeeds and terminates, long before the time limit."""
+    import torch
+    from mani_skill.utils.structs.pose import Pose
+
+    def place_cube_on_goal(env):
+        base = env._envs[0].runner.base
+        goal = base.goal_region.pose.p.clone()
+        goal[..., 2] = base.cube_half_size
+        base.obj.set_pose(Pose.create_from_pq(p=goal, q=torch.tensor([[1.0, 0, 0, 0]])))
+
+    env = maniskill_env("PushCube-v1", reward_type="action_level", max_episode_steps=50)
+    ignoring = maniskill_env("PushCube-v1", max_episode_steps=50, ignore_terminations=True)
+    try:
+        env.reset(), ignoring.reset()
+        place_cube_on_goal(env), place_cube_on_goal(ignoring)
+        still = np.zeros((1, K, 7), np.float32)
+        step = env.step_chunk(still)
+        assert step.terminated[0] and not step.truncated[0] and step.success[0]
+        assert step.env_steps == 1 and (step.reward[0, 1:] == 0).all()
+        assert step.episodes[0]["success"] and step.episodes[0]["length"] == 1
+        kept = ignoring.step_chunk(still)
+        assert kept.success[0] and not kept.terminated[0] and kept.env_steps == K and not kept.episodes
+    finally:
+        env.close(), ignoring.close()
+
+
+def test_same_seed_same_observations(pick):
+    twin = maniskill_env("PickCube-v1", reward_type="action_level", seed=1, use_proprio=True)
+    try:
+        a = actions(7, 1)
+        o1, o2 = pick.reset(seed=9), twin.reset(seed=9)
+        np.testing.assert_array_equal(o1["image"], o2["image"])
+        s1, s2 = pick.step_chunk(a), twin.step_chunk(a)
+        np.testing.assert_array_equal(s1.obs["image"], s2.obs["image"])
+        np.testing.assert_array_equal(s1.reward, s2.reward)
+        assert not np.array_equal(pick.reset(seed=10)["image"], o1["image"])
+        # without fixed reset states each reset() starts a fresh episode
+        assert not np.array_equal(pick.reset()["image"], pick.reset()["image"])
+    finally:
+        twin.close()
+
+
+def test_fixed_reset_states_repeat_and_no_auto_reset_waits():
+    env = maniskill_env("PickCube-v1", seed=4, use_fixed_reset_state_ids=True, auto_reset=False,
+                        max_episode_steps=2)
+    try:
+        first = env.reset()["image"]
+        step = env.step_chunk(actions(0, 1))
+        assert step.truncated[0] and step.env_steps == 2
+        np.testing.assert_array_equal(step.obs["image"], step.final_obs["image"])
+        frozen = env.step_chunk(actions(1, 1))           # an ended env waits for reset()
+        assert frozen.env_steps == 0 and not frozen.truncated[0] and not frozen.episodes
+        np.testing.assert_array_equal(env.reset()["image"], first)
+    finally:
+        env.close()
+
+
+def test_errors_are_named():
+    with pytest.raises(ValueError, match="env.camera='wrist'"):
+        maniskill_env("PickCube-v1", camera="wrist")
+    with pytest.raises(ValueError, match="no built-in instruction"):
+        maniskill_env("PlaceNothing-v1")
+    before = set(mp.active_children())
+    with pytest.raises(RuntimeError, match=r"\(PlaceNothing-v1\) failed: .*doesn't exist"):
+        maniskill_env("PlaceNothing-v1", num_envs=2, instruction="do it")
+    assert not set(mp.active_children()) - before      # no worker left behind
+
+
+def test_workers_end_on_close_and_on_garbage_collection(push_holder):
+    env = push_holder.pop("env")
+    procs = [w.proc for w in env._envs]
+    assert all(p.is_alive() for p in procs)
+    del env
+    gc.collect()
+    deadline = time.monotonic() + 15
+    while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(p.is_alive() for p in procs)
+
+
+def test_batched_env_matches_the_cpu_path(pick):
+    """The GPU path's class (one batched env) run with one CPU env: same rewards, observations,
+    truncation and final observation as the per-env CPU path for the same seed and actions."""
+    from asyncvla.actors.envs.maniskill import ManiSkillBatchedEnv
+
+    cfg = EnvConfig(id="PickCube-v1", max_episode_steps=6, use_proprio=True)
+    batched = ManiSkillBatchedEnv(cfg, 1, SIZE, K, "action_level", seed=1, action_dim=7)
+    try:
+        o1, o2 = pick.reset(seed=3), batched.reset(seed=3)
+        for key in ("image", "state"):
+            np.testing.assert_array_equal(o1[key], o2[key])
+        assert batched.state_dim == pick.state_dim
+        for i in range(2):
+            a = actions(20 + i, 1, scale=0.5)
+            s1, s2 = pick.step_chunk(a), batched.step_chunk(a)
+            np.testing.assert_allclose(s1.reward, s2.reward, rtol=1e-5, atol=1e-6)
+            for f in ("terminated", "truncated", "success", "done_index"):
+                np.testing.assert_array_equal(getattr(s1, f), getattr(s2, f))
+            assert s1.env_steps == s2.env_steps == (K if i == 0 else 2)
+        np.testing.assert_array_equal(s1.final_obs["image"], s2.final_obs["image"])
+        np.testing.assert_allclose(s1.final_obs["state"], s2.final_obs["state"], rtol=1e-5, atol=1e-6)
+        assert s2.truncated[0] and s2.episodes[0]["length"] == 6
+        assert s2.obs["image"].shape == (1, SIZE, SIZE, 3)
+        assert batched.render_frames().shape == (1, 128, 128, 3)
+    finally:
+        batched.close()

@@ -1,0 +1,303 @@
+"""The message codec: round trips, zero-copy views, and one rejection per kind of bad input."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+
+from asyncvla.common import protocol as P
+from asyncvla.common.protocol import Limits, Segment, SegmentSpec, ValidationError
+
+LIMITS = Limits.for_kind(P.SEGMENT, 64)
+
+
+def make_spec(T=16, B=8, H=128, L=32, K=4, D=7, S=0, action_level=False, vocab=512) -> SegmentSpec:
+    return SegmentSpec(image_size=H, instruction_len=L, num_tokens=K * D, num_action_chunks=K, state_dim=S,
+                       action_level_rewards=action_level, num_steps=T, max_envs=B, vocab_size=vocab)
+
+
+def make_segment(spec: SegmentSpec | None = None, B: int = 8, seq: int = 0, actor_id: str = "actor-0",
+                 truncations: int = 2, episodes: int = 3, rng=None) -> Segment:
+    """A segment as an actor builds it: random contents consistent with the schema."""
+    spec = spec or make_spec(B=B)
+    rng = rng if rng is not None else np.random.default_rng(seq)
+    T, H, L, N, K, S = spec.num_steps, spec.image_size, spec.instruction_len, spec.num_tokens, \
+        spec.num_action_chunks, spec.state_dim
+    terminated = np.zeros((T, B), np.uint8)
+    truncated = np.zeros((T, B), np.uint8)
+    cut = rng.choice(T * B, size=truncations + 1, replace=False)
+    truncated.flat[cut[:truncations]] = 1
+    terminated.flat[cut[truncations:]] = 1
+    final_index = np.argwhere(truncated == 1).astype(np.int64)
+    n = len(final_index)
+    vocab = spec.vocab_size or 512
+    arrays = {
+        "image": rng.integers(0, 256, (T + 1, B, H, H, 3), dtype=np.uint8),
+        "instruction": rng.integers(0, vocab, (T + 1, B, L), dtype=np.int64),
+        "instruction_mask": rng.integers(0, 2, (T + 1, B, L), dtype=np.uint8),
+        "action_tokens": rng.integers(0, vocab, (T, B, N), dtype=np.int64),
+        "behavior_logp": -rng.random((T, B, N), dtype=np.float32) * 5,
+        "rewards": rng.standard_normal((T, B, K) if spec.action_level_rewards else (T, B)).astype(np.float32),
+        "terminated": terminated,
+        "truncated": truncated,
+        "final_index": final_index,
+        "final_image": rng.integers(0, 256, (n, H, H, 3), dtype=np.uint8),
+        "final_instruction": rng.integers(0, vocab, (n, L), dtype=np.int64),
+        "final_instruction_mask": np.ones((n, L), np.uint8),
+        "ep_return": rng.standard_normal(episodes).astype(np.float32),
+        "ep_length": rng.integers(1, 100, episodes, dtype=np.int64),
+        "ep_success": rng.integers(0, 2, episodes, dtype=np.uint8),
+    }
+    if S:
+        arrays["state"] = rng.standard_normal((T + 1, B, S)).astype(np.float32)
+        arrays["final_state"] = rng.standard_normal((n, S)).astype(np.float32)
+    meta = {"actor_id": actor_id, "seq": seq, "policy_version": 3, "num_steps": T, "num_envs": B,
+            "env_steps": T * B * K, "act_s": 0.25, "env_s": 1.5}
+    return Segment(meta=meta, arrays=arrays)
+
+
+def as_bytearrays(frames) -> list[bytearray]:
+    """What a receiver gets: one separate buffer per frame."""
+    return [bytearray(memoryview(f).cast("B")) if not isinstance(f, bytes) else bytearray(f) for f in frames]
+
+
+def assert_same(a: Segment, b: Segment) -> None:
+    assert a.meta == b.meta
+    assert set(a.arrays) == set(b.arrays)
+    for k in a.arrays:
+        assert a.arrays[k].dtype == b.arrays[k].dtype and a.arrays[k].shape == b.arrays[k].shape, k
+        assert a.arrays[k].tobytes() == b.arrays[k].tobytes(), k
+
+
+# ------------------------------------------------------------------------------- round trips
+@pytest.mark.parametrize("S,action_level", [(0, False), (9, True)])
+def test_segment_round_trip_is_byte_identical(S, action_level):
+    spec = make_spec(S=S, action_level=action_level)
+    seg = make_segment(spec)
+    frames = as_bytearrays(P.encode_segment(seg))
+    out = P.decode_segment(frames, spec, LIMITS)
+    assert_same(seg, out)
+    assert out.arrays["image"].shape == (17, 8, 128, 128, 3)
+    assert ("state" in out.arrays) == bool(S)
+
+
+def test_decoded_arrays_view_the_received_frames():
+    spec = make_spec()
+    frames = as_bytearrays(P.encode_segment(make_segment(spec)))
+    out = P.decode_segment(frames, spec, LIMITS)
+    names = [spec_[0] for spec_ in msgpack.unpackb(bytes(frames[0]))["arrays"]]
+    for name, frame in zip(names, frames[1:]):
+        if frame:
+            assert np.shares_memory(out.arrays[name], np.frombuffer(frame, np.uint8)), name
+    frames[names.index("image") + 1][0] ^= 0xFF          # writing the frame changes the array
+    assert out.arrays["image"].flat[0] == frames[names.index("image") + 1][0]
+
+
+def test_weights_round_trip_with_bf16_and_scalars():
+    w = {"lora.A": np.arange(12, dtype=np.float32).reshape(3, 4), "half": np.ones(5, np.float16),
+         "steps": np.array(7, np.int64), "bf": torch.tensor([1.5, -2.25, 3e38], dtype=torch.bfloat16)}
+    frames = as_bytearrays(P.encode_weights(9, w))
+    version, out = P.decode_weights(frames, Limits.for_kind(P.WEIGHTS, 64))
+    assert version == 9
+    assert out["lora.A"].tobytes() == w["lora.A"].tobytes() and out["lora.A"].shape == (3, 4)
+    assert out["half"].dtype == np.float16 and out["steps"].shape == () and int(out["steps"]) == 7
+    assert out["bf"].dtype == np.float32
+    np.testing.assert_array_equal(out["bf"], w["bf"].float().numpy())
+
+
+def test_control_round_trip_with_files():
+    files = {"policy.json": b'{"a": 1}', "backbone/model.bin": bytes(range(256)) * 10, "empty": b""}
+    msg = P.decode_control(as_bytearrays(P.encode_control("policy_files", files=files)),
+                           Limits.for_kind("control", 8), "policy_files")
+    assert P.files_of(msg) == files
+
+
+def test_encode_refuses_dtypes_outside_the_allow_list():
+    with pytest.raises(TypeError, match="float64"):
+        P.encode("weights", {"version": 1}, {"x": np.zeros(3)})
+    with pytest.raises(TypeError, match="object"):
+        P.encode("weights", {"version": 1}, {"x": np.array([None, 1])})
+    with pytest.raises(KeyError, match="not in the schema"):
+        seg = make_segment(make_spec(T=2, B=1, H=8))
+        seg.arrays["extra"] = np.zeros(1, np.uint8)
+        P.encode_segment(seg)
+
+
+# ------------------------------------------------------------------------------- rejections
+SMALL = make_spec(T=4, B=2, H=16, L=8, K=2, D=3, S=3)
+
+
+def _header(frames):
+    return msgpack.unpackb(bytes(frames[0]))
+
+
+def _with_header(frames, header):
+    return [msgpack.packb(header)] + list(frames[1:])
+
+
+def _index(frames, name):
+    return [a[0] for a in _header(frames)["arrays"]].index(name) + 1
+
+
+def _set_meta(key, value):
+    def f(frames):
+        h = _header(frames)
+        h["meta"][key] = value
+        return _with_header(frames, h)
+    return f
+
+
+def _set_array(name, fn):
+    def f(frames):
+        i = _index(frames, name)
+        h = _header(frames)
+        tag, shape = h["arrays"][i - 1][1], h["arrays"][i - 1][2]
+        arr = np.frombuffer(frames[i], P.DTYPES[tag]).reshape(shape).copy()
+        fn(arr)
+        return frames[:i] + [arr.tobytes()] + frames[i + 1:]
+    return f
+
+
+def _spec_entry(name, pos, value):
+    def f(frames):
+        h = _header(frames)
+        h["arrays"][_index(frames, name) - 1][pos] = value
+        return _with_header(frames, h)
+    return f
+
+
+def _drop_array(name):
+    def f(frames):
+        i = _index(frames, name)
+        h = _header(frames)
+        del h["arrays"][i - 1]
+        return _with_header(frames[:i] + frames[i + 1:], h)
+    return f
+
+
+def _retag(name, tag, itemsize):
+    def f(frames):
+        i = _index(frames, name)
+        h = _header(frames)
+        entry = h["arrays"][i - 1]
+        entry[1] = tag
+        n = int(np.prod(entry[2]))
+        return _with_header(frames[:i] + [bytes(n * itemsize)] + frames[i + 1:], h)
+    return f
+
+
+def _nested(depth):
+    return lambda frames: [b"\x91" * depth + b"\x00"] + frames[1:]
+
+
+CASES = {
+    "empty message": (lambda f: [], "frame_count"),
+    "garbage header": (lambda f: [b"\xc1\xff\x00"] + f[1:], "bad_header"),
+    "header is a list": (lambda f: [msgpack.packb([1, 2])] + f[1:], "bad_header"),
+    "truncated header": (lambda f: [bytes(f[0])[:-3]] + f[1:], "bad_header"),
+    "nesting bomb": (_nested(20_000), "bad_header"),
+    "ext type": (lambda f: [msgpack.packb(msgpack.ExtType(1, b"x"))] + f[1:], "bad_header"),
+    "schema version": (lambda f: _with_header(f, {**_header(f), "v": 99}), "schema_version"),
+    "wrong type": (lambda f: _with_header(f, {**_header(f), "type": "weights"}), "wrong_type"),
+    "frame dropped": (lambda f: f[:-1], "frame_count"),
+    "frame added": (lambda f: f + [b"1234"], "frame_count"),
+    "truncated frame": (lambda f: f[:1] + [bytes(f[1])[:-1]] + f[2:], "frame_size"),
+    "unknown dtype": (_spec_entry("rewards", 1, "object"), "bad_dtype"),
+    "negative dim": (_spec_entry("rewards", 2, [-4, 2]), "bad_shape"),
+    "huge declared shape": (_spec_entry("image", 2, [1 << 40, 1 << 40]), "frame_size"),
+    "float dim": (_spec_entry("rewards", 2, [4.0, 2]), "bad_shape"),
+    "repeated name": (_spec_entry("rewards", 0, "image"), "bad_header"),
+    "field dtype": (_retag("rewards", "float16", 2), "bad_dtype"),
+    "missing field": (_drop_array("final_state"), "bad_fields"),
+    "image size": (_spec_entry("image", 2, [5, 2, 8, 32, 3]), "bad_shape"),
+    "T disagrees with meta": (_set_meta("num_steps", 5), "bad_shape"),
+    "meta bool": (_set_meta("seq", True), "bad_meta"),
+    "meta huge int": (_set_meta("seq", (1 << 64) - 1), "bad_meta"),
+    "meta unknown key": (_set_meta("pickle", "x"), "bad_meta"),
+    "meta nan timing": (_set_meta("act_s", float("nan")), "bad_meta"),
+    "meta negative version": (_set_meta("policy_version", -1), "bad_meta"),
+    "nan reward": (_set_array("rewards", lambda a: a.__setitem__((0, 0), np.nan)), "not_finite"),
+    "inf state": (_set_array("state", lambda a: a.__setitem__((1, 1, 1), np.inf)), "not_finite"),
+    "positive logp": (_set_array("behavior_logp", lambda a: a.__setitem__((0, 0, 0), 2.0)), "bad_values"),
+    "mask not 0/1": (_set_array("instruction_mask", lambda a: a.__setitem__((0, 0, 0), 7)), "bad_values"),
+    "token out of vocab": (_set_array("action_tokens", lambda a: a.__setitem__((0, 0, 0), 512)), "bad_values"),
+    "negative token": (_set_array("instruction", lambda a: a.__setitem__((0, 0, 0), -1)), "bad_values"),
+    "final_index off a truncation": (_set_array("truncated", lambda a: a.__setitem__(slice(None), 0)),
+                                     "bad_values"),
+    "negative episode length": (_set_array("ep_length", lambda a: a.__setitem__(0, -3)), "bad_values"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_invalid_segments_are_rejected_with_their_reason(case):
+    mutate, reason = CASES[case]
+    frames = [bytes(memoryview(f).cast("B")) if not isinstance(f, bytes) else f
+              for f in P.encode_segment(make_segment(SMALL, B=2, truncations=1, episodes=2))]
+    P.decode_segment(frames, SMALL, LIMITS)          # the unmutated message is fine
+    with pytest.raises(ValidationError) as err:
+        P.decode_segment(mutate(list(frames)), SMALL, LIMITS)
+    assert err.value.reason == reason, str(err.value)
+
+
+def test_size_limits_apply_before_parsing():
+    frames = P.encode_segment(make_segment(SMALL, B=2))
+    size = P.total_bytes(frames)
+    with pytest.raises(ValidationError, match="too_large"):
+        P.decode_segment(frames, SMALL, Limits(max_bytes=size - 1))
+    with pytest.raises(ValidationError, match="frame_count"):
+        P.decode_segment(frames, SMALL, Limits(max_bytes=size, max_arrays=3))
+    with pytest.raises(ValidationError, match="header_too_large"):
+        P.decode_segment(frames, SMALL, Limits(max_bytes=size, max_header_bytes=16))
+
+
+def test_bool_arrays_must_hold_0_or_1():
+    frames = P.encode_weights(1, {"m": np.array([True, False])})
+    with pytest.raises(ValidationError, match="bad_values"):
+        P.decode_weights([frames[0], b"\x01\x02"], Limits.for_kind(P.WEIGHTS, 1))
+
+
+def test_weights_rejections():
+    limits = Limits.for_kind(P.WEIGHTS, 1)
+    good = P.encode_weights(2, {"w": np.ones(4, np.float32)})
+    with pytest.raises(ValidationError, match="not_finite"):
+        P.decode_weights([good[0], np.array([1, np.inf, 0, 0], np.float32).tobytes()], limits)
+    bad_version = msgpack.unpackb(good[0])
+    bad_version["meta"]["version"] = -2
+    with pytest.raises(ValidationError, match="bad_meta"):
+        P.decode_weights([msgpack.packb(bad_version), good[1]], limits)
+    with pytest.raises(ValidationError, match="wrong_type"):
+        P.decode_weights(P.encode_control("hello", {"actor_id": "a", "host": "h", "pid": 1}), limits)
+    with pytest.raises(ValueError, match="version"):
+        P.encode_weights(-1, {})
+
+
+def test_control_meta_is_checked():
+    limits = Limits.for_kind("request", 1)
+    ok = P.encode_control("hello", {"actor_id": "a", "host": "h", "pid": 3})
+    assert P.decode_control(ok, limits, "hello").meta["pid"] == 3
+    for meta in ({"actor_id": "a", "host": "h"}, {"actor_id": "a", "host": "h", "pid": True},
+                 {"actor_id": "a", "host": "h", "pid": 3, "extra": 1}, {"actor_id": 5, "host": "h", "pid": 3},
+                 {"actor_id": "a" * 300, "host": "h", "pid": 3}):
+        with pytest.raises(ValidationError, match="bad_meta"):
+            P.decode_control(P.encode("hello", meta), limits, "hello")
+    with pytest.raises(ValidationError, match="wrong_type"):
+        P.decode_control(ok, limits, "bye")
+    with pytest.raises(ValidationError, match="frame_count"):      # requests carry no arrays
+        P.decode_control(P.encode_control("bye", {"actor_id": "a"}, files={"f": b"x"}), limits, "bye")
+
+
+def test_all_finite_matches_a_naive_check():
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        dtype = [np.float32, np.float16][trial % 2]
+        a = (rng.standard_normal(rng.integers(0, 50)) * 10 ** rng.integers(0, 4)).astype(dtype)
+        if a.size and trial % 3:
+            a[rng.integers(a.size)] = [np.nan, np.inf, -np.inf][trial % 3]
+        if a.size > 1 and trial % 7 == 0:
+            a[0], a[-1] = np.inf, -np.inf                          # inf - inf: still caught
+        naive = all(np.isfinite(float(x)) for x in a)
+        assert P.all_finite(a) == naive
+    big = np.full(1000, np.finfo(np.float32).max, np.float32)      # large but finite: no overflow
+    assert P.all_finite(big)

@@ -1,0 +1,88 @@
+"""EMA of published weights against a naive loop, and gathering from a plain module (the ZeRO-3
+gather on real ranks is in test_engine)."""
+
+import pytest
+import torch
+from torch import nn
+
+from asyncvla.learner.publish import EmaPublisher, gather_trainable, publish_step, unwrap
+
+
+def snapshots(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [{"w": torch.randn(3, 4, generator=g), "b": torch.randn(4, generator=g)} for _ in range(n)]
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.5, 0.99])
+def test_ema_matches_a_naive_loop(decay):
+    thetas = snapshots(6)
+    ema = EmaPublisher(decay)
+    for k, theta in enumerate(thetas):
+        out = ema.update(theta)
+        for name in theta:
+            expected = thetas[0][name].double()
+            for later in thetas[1:k + 1]:
+                expected = decay * expected + (1 - decay) * later[name].double()
+            assert torch.allclose(out[name].double(), expected, rtol=0, atol=1e-6)
+    assert ema.timings["ema_s"] >= 0 and ema.updates == 6
+
+
+def test_ema_keeps_fp32_and_casts_copies_for_publishing():
+    ema = EmaPublisher(0.999, dtype=torch.bfloat16)
+    theta = {"w": torch.ones(4, dtype=torch.bfloat16)}
+    ema.update(theta)
+    out = ema.update({"w": torch.full((4,), 1.5, dtype=torch.bfloat16)})
+    assert out["w"].dtype == torch.bfloat16 and ema.shadow["w"].dtype == torch.float32
+    assert ema.shadow["w"][0].item() == pytest.approx(1.0005)      # a bf16 shadow would stay at 1.0
+    out["w"].zero_()
+    assert ema.shadow["w"][0].item() != 0                            # published tensors are copies
+
+
+def test_ema_state_round_trip_and_name_check():
+    a = EmaPublisher(0.5)
+    for theta in snapshots(3):
+        a.update(theta)
+    b = EmaPublisher(0.5)
+    b.load_state_dict(a.state_dict())
+    nxt = snapshots(1, seed=1)[0]
+    assert all(torch.equal(a.update(nxt)[k], b.update(nxt)[k]) for k in nxt)
+    with pytest.raises(KeyError, match="missing"):
+        b.update({"w": nxt["w"]})
+    with pytest.raises(ValueError):
+        EmaPublisher(1.0)
+    with pytest.raises(ValueError):
+        b.load_state_dict({"decay": 0.5})
+
+
+class Wrapper(nn.Module):
+    """Stands in for a DeepSpeed engine: the user's model under `.module`."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+
+def test_gather_from_a_plain_module_ships_only_trainable_fp32_copies():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)).to(torch.bfloat16)
+    model[0].requires_grad_(False)
+    out = gather_trainable(Wrapper(model))
+    assert sorted(out) == ["1.bias", "1.weight"]                    # no "module." prefix, no frozen
+    assert all(t.dtype == torch.float32 for t in out.values())
+    assert torch.equal(out["1.weight"], model[1].weight.float())
+    out["1.weight"].zero_()
+    assert model[1].weight.abs().sum() > 0
+    small = gather_trainable(model, bucket_numel=3)                  # several buckets, same result
+    assert sorted(small) == sorted(out) and torch.equal(small["1.bias"], model[1].bias.float())
+    assert unwrap(model) is model
+
+
+def test_publish_step_gathers_then_averages_with_timings():
+    model = nn.Linear(3, 2)
+    ema = EmaPublisher(0.5)
+    first, timings = publish_step(model, ema)
+    assert torch.equal(first["weight"], model.weight.detach()) and set(timings) == {"gather_s", "ema_s"}
+    with torch.no_grad():
+        model.weight.add_(2.0)
+    second, _ = publish_step(model, ema)
+    assert torch.allclose(second["weight"], model.weight.detach() - 1.0)
+    assert publish_step(model, None)[0] is None           # ranks without a publisher only gather

@@ -1,0 +1,359 @@
+"""Trajectory and weight channels over real ZeroMQ sockets (loopback tcp and ipc)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import msgpack
+import numpy as np
+import psutil
+import pytest
+import zmq
+
+from asyncvla.common import protocol as P
+from asyncvla.common import transport
+from asyncvla.common.config import TransportConfig
+from asyncvla.common.sockets import TransportError
+from tests.test_protocol import make_segment, make_spec
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tcfg(**kw) -> TransportConfig:
+    return TransportConfig(**{"linger_ms": 200, **kw})
+
+
+@pytest.fixture(params=["tcp", "ipc"])
+def endpoint(request, tmp_path):
+    return "tcp://127.0.0.1:*" if request.param == "tcp" else f"ipc://{tmp_path}/traj.sock"
+
+
+def wait_until(cond, timeout=10.0, step=0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(step)
+    return cond()
+
+
+def digest(seg: P.Segment) -> str:
+    h = hashlib.sha1()
+    for k in sorted(seg.arrays):
+        h.update(k.encode() + seg.arrays[k].tobytes())
+    return h.hexdigest()
+
+
+def frame_of(arr: np.ndarray):
+    """The object at the root of an array's buffer chain (a zmq.Frame when decoded zero-copy)."""
+    obj = arr
+    while True:
+        nxt = obj.obj if isinstance(obj, memoryview) else getattr(obj, "base", None)
+        if nxt is None:
+            return obj
+        obj = nxt
+
+
+# -------------------------------------------------------------------------------- trajectories
+def test_realistic_segment_round_trip_zero_copy(endpoint):
+    spec = make_spec(T=16, B=8, H=128)
+    seg = make_segment(spec)
+    cfg = tcfg()
+    receiver = transport.TrajectoryReceiver(cfg, 0, spec, endpoint=endpoint)
+    sender = transport.TrajectorySender([receiver.endpoint], cfg)
+    try:
+        assert sender.send(seg)
+        out = receiver.recv(timeout_ms=10_000)
+        assert out is not None and out.meta == seg.meta
+        for k, a in seg.arrays.items():
+            assert out.arrays[k].dtype == a.dtype and out.arrays[k].shape == a.shape
+            assert out.arrays[k].tobytes() == a.tobytes(), k
+        image = out.arrays["image"]
+        assert image.nbytes == 17 * 8 * 128 * 128 * 3
+        root = frame_of(image)
+        assert isinstance(root, zmq.Frame)           # the array views the received frame itself
+        assert np.shares_memory(image, np.frombuffer(root.buffer, np.uint8))
+        assert receiver.stats["received"] == 1 and not receiver.stats["invalid"]
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_segments_spread_over_learner_ranks():
+    spec = make_spec(T=2, B=1, H=8, L=4)
+    cfg = tcfg()
+    ranks = [transport.TrajectoryReceiver(cfg, r, spec, endpoint="tcp://127.0.0.1:*") for r in range(2)]
+    sender = transport.TrajectorySender([r.endpoint for r in ranks], cfg)
+    try:
+        wait_until(lambda: False, timeout=0.3)        # let both connections complete
+        for i in range(40):
+            sender.send(make_segment(spec, B=1, seq=i, truncations=0))
+        got = [[], []]
+        deadline = time.monotonic() + 10
+        while sum(map(len, got)) < 40 and time.monotonic() < deadline:
+            for r, rx in enumerate(ranks):
+                seg = rx.recv(timeout_ms=10)
+                if seg is not None:
+                    got[r].append(seg.meta["seq"])
+        assert sorted(got[0] + got[1]) == list(range(40))
+        assert got[0] and got[1]
+    finally:
+        sender.close()
+        for r in ranks:
+            r.close()
+
+
+def _fuzz_messages(spec, count, rng):
+    """(frames, kind) pairs: kind 'good' (valid, checked on arrival), 'flip' (a random header
+    byte flipped: usually invalid, may by chance stay valid) or 'bad' (invalid by construction)."""
+    base = [bytes(memoryview(f).cast("B")) if not isinstance(f, bytes) else f
+            for f in P.encode_segment(make_segment(spec, B=2, truncations=1, episodes=1, actor_id="fuzz"))]
+    header = msgpack.unpackb(base[0])
+    names = [a[0] for a in header["arrays"]]
+
+    def mutated(i):
+        frames = list(base)
+        choice = i % 12
+        if choice == 0:
+            return [rng.bytes(int(rng.integers(0, 300))) for _ in range(int(rng.integers(1, 6)))], "bad"
+        if choice == 1:
+            h = bytearray(frames[0])
+            h[int(rng.integers(len(h)))] ^= int(rng.integers(1, 256))
+            return [bytes(h)] + frames[1:], "flip"
+        if choice == 2:
+            return [frames[0][: int(rng.integers(0, len(frames[0])))]] + frames[1:], "bad"
+        if choice == 3:
+            k = int(rng.integers(1, len(frames)))
+            cut = frames[k][: max(0, len(frames[k]) - int(rng.integers(1, 9)))] if frames[k] else b"x"
+            return frames[:k] + [cut] + frames[k + 1:], "bad"
+        if choice == 4:
+            return frames[: int(rng.integers(1, len(frames)))], "bad"
+        if choice == 5:
+            return frames + [rng.bytes(8)] * int(rng.integers(1, 40)), "bad"
+        h = msgpack.unpackb(frames[0])
+        entry = h["arrays"][int(rng.integers(len(names)))]
+        if choice == 6:
+            entry[1] = str(rng.choice(["float64", "object", "O", "<U8", "complex64", "V8"]))
+        elif choice == 7:
+            entry[2] = [int(d) for d in rng.integers(-3, 1 << 31, size=int(rng.integers(0, 10)))]
+        elif choice == 8:
+            h["v"] = int(rng.integers(2, 1000))
+        elif choice == 9:
+            h["meta"]["num_steps"] = int(rng.integers(5, 1 << 40))
+        elif choice == 10:                      # NaN into a float field
+            k = names.index("rewards") + 1
+            arr = np.frombuffer(frames[k], np.float32).copy()
+            arr[int(rng.integers(arr.size))] = np.nan
+            frames[k] = arr.tobytes()
+        else:                                   # over the total size limit, each frame under it
+            return [frames[0]] + [bytes(400 << 10)] * 3, "bad"
+        return [msgpack.packb(h)] + frames[1:], "bad"
+
+    for i in range(count):
+        if i % 20 == 0:
+            seg = make_segment(spec, B=2, seq=i, truncations=int(rng.integers(0, 3)), episodes=int(rng.integers(0, 3)),
+                               actor_id="good", rng=rng)
+            yield P.encode_segment(seg), "good", digest(seg)
+        else:
+            frames, kind = mutated(i)
+            yield frames, kind, None
+
+
+def test_fuzzed_messages_are_counted_and_valid_ones_arrive_intact(caplog):
+    spec = make_spec(T=4, B=2, H=16, L=8, K=2, D=3, S=3)
+    cfg = tcfg(max_message_mb=1, recv_hwm=64)
+    receiver = transport.TrajectoryReceiver(cfg, 0, spec, endpoint="tcp://127.0.0.1:*")
+    accepted, errors, done = [], [], threading.Event()
+
+    def drain():
+        try:
+            while not done.is_set():
+                seg = receiver.recv(timeout_ms=50)
+                if seg is not None:
+                    accepted.append((seg.meta["actor_id"], seg.meta["seq"], digest(seg)))
+        except Exception as e:          # the test fails on any crash of the receiving side
+            errors.append(e)
+
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    oversize = ctx.socket(zmq.PUSH)     # frames over MAXMSGSIZE: ZeroMQ cuts that connection
+    for s in (push, oversize):
+        s.linger = 1000
+        s.connect(receiver.endpoint)
+    thread = threading.Thread(target=drain)
+    thread.start()
+    rng = np.random.default_rng(1)
+    sent = {"good": {}, "flip": 0, "bad": 0}
+    count = 10_500
+    with caplog.at_level(logging.WARNING, logger="asyncvla.transport"):
+        for i, (frames, kind, dig) in enumerate(_fuzz_messages(spec, count, rng)):
+            push.send_multipart(frames)
+            if kind == "good":
+                sent["good"][i] = dig
+            else:
+                sent[kind] += 1
+            if i % 3000 == 0:
+                oversize.send(bytes((1 << 20) + 1))
+        assert wait_until(lambda: len(accepted) + sum(receiver.stats["invalid"].values()) >= count, 60)
+        time.sleep(0.2)
+        done.set()
+        thread.join()
+    push.close()
+    oversize.close()
+    ctx.term()
+    receiver.close()
+
+    assert not errors
+    invalid = receiver.stats["invalid"]
+    good = {seq: dig for actor, seq, dig in accepted if actor == "good"}
+    assert good == sent["good"]                                     # every valid one, intact
+    assert len(accepted) + sum(invalid.values()) == count           # each message counted once
+    assert len(accepted) - len(good) <= sent["flip"]                # only a lucky flip may pass
+    assert sum(invalid.values()) >= sent["bad"]
+    assert {"bad_header", "frame_count", "frame_size", "bad_dtype", "bad_shape", "schema_version",
+            "not_finite", "too_large"} <= set(invalid)
+    assert len(caplog.records) <= 2 * len(invalid)                  # logging is rate-bounded
+
+
+# ------------------------------------------------------------------------------ backpressure
+def _rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def _mb_segment(spec, seq):
+    return make_segment(spec, B=4, seq=seq, truncations=0, episodes=0)
+
+
+BP_SPEC = make_spec(T=3, B=4, H=128, L=4)          # ~0.8 MB per segment (images)
+
+
+def test_drop_oldest_bounds_memory_and_counts_every_segment():
+    cfg = tcfg(send_hwm=2, recv_hwm=2)
+    receiver = transport.TrajectoryReceiver(cfg, 0, BP_SPEC, endpoint="tcp://127.0.0.1:*")
+    sender = transport.TrajectorySender([receiver.endpoint], cfg, backpressure="drop_oldest")
+    total = 300                                              # ~240 MB offered to a learner that reads nothing
+    base = _rss()
+    peak = 0
+    for i in range(total):
+        sender.send(_mb_segment(BP_SPEC, i))
+        peak = max(peak, _rss() - base)
+    assert sender.dropped > 0
+    assert peak < 80 << 20, f"sender memory grew by {peak >> 20} MB"
+    assert sender.sent + sender.dropped + sender.pending == total
+
+    delivered = []
+    stop = threading.Event()
+    reader = threading.Thread(target=lambda: [delivered.append(s.meta["seq"]) for s in iter(
+        lambda: receiver.recv(timeout_ms=50) if not stop.is_set() else "end", "end") if s is not None])
+    reader.start()
+    assert sender.flush(timeout=20)
+    assert wait_until(lambda: len(delivered) == sender.sent, 20)
+    stop.set()
+    reader.join()
+    sender.close()
+    receiver.close()
+    assert len(delivered) + sender.dropped == total
+    assert delivered == sorted(delivered)                    # dropped ones are the oldest unsent
+    assert delivered[-1] == total - 1
+
+
+def test_block_mode_waits_with_bounded_memory_and_loses_nothing():
+    cfg = tcfg(send_hwm=2, recv_hwm=2)
+    receiver = transport.TrajectoryReceiver(cfg, 0, BP_SPEC, endpoint="tcp://127.0.0.1:*")
+    sender = transport.TrajectorySender([receiver.endpoint], cfg, backpressure="block")
+    total = 80
+    base = _rss()
+    thread = threading.Thread(target=lambda: [sender.send(_mb_segment(BP_SPEC, i)) for i in range(total)])
+    thread.start()
+    last, stable_since = -1, time.monotonic()
+    while time.monotonic() - stable_since < 0.5:            # until the sender is stuck
+        if sender.sent != last:
+            last, stable_since = sender.sent, time.monotonic()
+        time.sleep(0.02)
+    assert sender.sent < total and thread.is_alive()
+    assert _rss() - base < 80 << 20
+    assert sender.send(_mb_segment(BP_SPEC, 999), timeout=0.2) is False   # caller keeps it
+
+    got = []
+    while len(got) < total:
+        seg = receiver.recv(timeout_ms=10_000)
+        assert seg is not None
+        got.append(seg.meta["seq"])
+    thread.join()
+    assert got == list(range(total)) and sender.sent == total and sender.dropped == 0
+    sender.close()
+    receiver.close()
+
+
+def test_close_with_an_absent_learner_counts_unsent_as_dropped():
+    cfg = tcfg(linger_ms=100)
+    sender = transport.TrajectorySender(["tcp://127.0.0.1:9"], cfg, backpressure="drop_oldest")
+    spec = make_spec(T=2, B=1, H=8, L=4)
+    for i in range(10):
+        sender.send(make_segment(spec, B=1, seq=i, truncations=0))
+    sender.close()                                           # must return (bounded linger)
+    assert sender.sent + sender.dropped == 10 and sender.dropped >= 10 - 2 * cfg.send_hwm
+
+
+# ----------------------------------------------------------------------------------- weights
+def test_late_joiner_gets_the_newest_version_first_and_never_a_backlog():
+    cfg = tcfg()
+    server = transport.WeightServer(cfg, endpoint="tcp://127.0.0.1:*")
+    for v in range(1, 8):
+        server.publish(v, {"w": np.full(1000, v, np.float32)})
+    sub = transport.WeightSubscriber(server.endpoint, cfg, wait_s=0.2)
+    try:
+        version, tensors = sub.wait_newer(-1, timeout=10)
+        assert version == 7 and float(tensors["w"][0]) == 7.0
+        assert sub.poll_newest(newer_than=7) is None
+        for v in (8, 9, 10):                  # published while the actor is busy acting
+            server.publish(v, {"w": np.full(1000, v, np.float32)})
+        assert wait_until(lambda: sub.version == 10)
+        version, tensors = sub.poll_newest(newer_than=7)
+        assert version == 10 and float(tensors["w"][-1]) == 10.0
+        assert sub.poll_newest(newer_than=7) is None                 # handed out once
+        assert sub.wait_newer(10, timeout=0.3) is None
+        with pytest.raises(ValueError, match="newer"):
+            server.publish(10, {"w": np.zeros(1, np.float32)})
+    finally:
+        sub.close()
+        server.close()
+
+
+WEIGHT_CLIENTS = r"""
+import sys, time
+from asyncvla.common import transport
+from asyncvla.common.config import TransportConfig
+subs = [transport.WeightSubscriber(sys.argv[1], TransportConfig()) for _ in range(int(sys.argv[2]))]
+got = [s.wait_newer(-1, timeout=60) for s in subs]
+print(" ".join(str(g[0]) + ":" + str(int(g[1]["w"].nbytes)) for g in got), flush=True)
+for s in subs:
+    s.close()
+"""
+
+
+def test_weight_server_does_not_copy_the_payload_per_request():
+    cfg = tcfg()
+    server = transport.WeightServer(cfg, endpoint="tcp://127.0.0.1:*")
+    payload = np.ones(16 << 20, np.float32)                  # 64 MB, pages touched
+    base, peak = _rss(), 0
+    server.publish(1, {"w": payload})
+    proc = subprocess.Popen([sys.executable, "-c", WEIGHT_CLIENTS, server.endpoint, "3"], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        while proc.poll() is None:
+            peak = max(peak, _rss() - base)
+            time.sleep(0.01)
+        out = proc.stdout.read().split()
+    finally:
+        proc.kill()
+        server.close()
+    assert out == [f"1:{64 << 20}"] * 3
+    assert server.stats["replies"] == 3
+    assert peak < 32 << 20, f"server memory grew by {peak >> 20} MB serving 3 x 64 MB"

@@ -1,0 +1,292 @@
+"""Control channel and security over real sockets: joins, heartbeats, time-outs, restarts, CURVE."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+import zmq.auth
+
+from asyncvla.common import transport
+from asyncvla.common.config import TransportConfig
+from asyncvla.common.control import Registry
+from asyncvla.common.sockets import TransportError, bound_endpoint
+from asyncvla.launch import cli
+from tests.test_protocol import make_segment, make_spec
+from tests.test_transport import REPO, wait_until
+
+FAST = dict(heartbeat_interval_s=0.1, heartbeat_timeout_s=1.5, reconnect_max_s=0.4, linger_ms=200)
+SPEC = make_spec(T=2, B=2, H=16, L=8, K=2, D=3)
+
+
+def tcfg(**kw) -> TransportConfig:
+    return TransportConfig(**{**FAST, **kw})
+
+
+def welcome_fn_for(endpoints, weights="tcp://127.0.0.1:1"):
+    def welcome(hello):
+        return {"config": {"transport": {"keys_dir": "/learner/only"}}, "trajectory_endpoints": endpoints,
+                "weights_endpoint": weights, "weight_version": 0, "policy": {"path": "/not/here"}}
+    return welcome
+
+
+def free_tcp_endpoint() -> str:
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.ROUTER)
+    s.bind("tcp://127.0.0.1:*")
+    ep = bound_endpoint(s)
+    s.close(0)
+    ctx.term()
+    return ep
+
+
+def registry_invariant(counts) -> bool:
+    return counts["joined_total"] == (counts["alive"] + counts["left_total"] + counts["timed_out_total"]
+                                      + counts["replaced_total"])
+
+
+# ----------------------------------------------------------------------------- registry (pure)
+def test_registry_counts():
+    r = Registry()
+    assert r.hello("a", "h", 1, b"i1", now=0.0) == "joined"
+    assert r.hello("a", "h", 1, b"i2", now=0.5) == "refreshed"        # same process, new connection
+    assert r.hello("b", "h", 2, b"i3", now=0.5) == "joined"
+    assert r.hello("b", "h", 3, b"i4", now=0.6) == "replaced"         # restarted before timing out
+    assert r.heartbeat("a", b"i5", now=2.0) and not r.heartbeat("zzz", b"i", now=2.0)
+    assert [a.actor_id for a in r.expire(now=2.5, timeout_s=1.0)] == ["b"]
+    assert r.bye("a") and not r.bye("a")
+    assert r.counts() == {"alive": 0, "joined_total": 3, "left_total": 1, "timed_out_total": 1,
+                          "replaced_total": 1}
+    assert registry_invariant(r.counts())
+
+
+# ----------------------------------------------------------------------------- join / welcome
+def test_join_welcome_policy_files_bye_and_shutdown(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "policy.json").write_text('{"k": 1}')
+    (tmp_path / "sub" / "weights.bin").write_bytes(os.urandom(300_000))
+    server = transport.ControlServer(tcfg(), welcome_fn_for(["tcp://127.0.0.1:2"]), policy_dir=str(tmp_path),
+                                     endpoint="tcp://127.0.0.1:*")
+    a = transport.LearnerClient(server.endpoint, "a", tcfg())
+    b = transport.LearnerClient(server.endpoint, "b", tcfg(keys_dir=None))
+    try:
+        welcome = a.join(timeout=10)
+        assert welcome["trajectory_endpoints"] == ["tcp://127.0.0.1:2"]
+        assert welcome["heartbeat_timeout_s"] == FAST["heartbeat_timeout_s"]
+        assert welcome["config"]["transport"]["keys_dir"] is None       # the actor's own keys
+        files = a.fetch_policy_files(timeout=10)
+        assert files == {"policy.json": b'{"k": 1}', "sub/weights.bin": (tmp_path / "sub" / "weights.bin").read_bytes()}
+        assert b.join(timeout=10) is not None
+        assert server.counts()["alive"] == 2
+        a.close()                                                         # says bye
+        assert wait_until(lambda: server.counts()["left_total"] == 1)
+        server.close(notify=True)                                         # end of training
+        assert wait_until(lambda: b.finished)
+    finally:
+        b.close()
+    assert server.counts() == {"alive": 1, "joined_total": 2, "left_total": 1, "timed_out_total": 0,
+                               "replaced_total": 0}
+
+
+def test_a_failing_welcome_is_reported_to_the_actor():
+    def broken(hello):
+        raise RuntimeError("no policy yet")
+    server = transport.ControlServer(tcfg(), broken, endpoint="tcp://127.0.0.1:*")
+    client = transport.LearnerClient(server.endpoint, "a", tcfg())
+    try:
+        with pytest.raises(TransportError, match="no policy yet"):
+            client.join(timeout=10)
+    finally:
+        client.close()
+        server.close()
+
+
+ACTOR = r"""
+import sys, time
+from asyncvla.common import transport
+from asyncvla.common.config import TransportConfig
+from tests.test_protocol import make_segment, make_spec
+cfg = TransportConfig(heartbeat_interval_s=0.1, heartbeat_timeout_s=0.8, linger_ms=200)
+client = transport.LearnerClient(sys.argv[1], sys.argv[2], cfg)
+welcome = client.join(timeout=30)
+sender = transport.TrajectorySender(welcome["trajectory_endpoints"], cfg)
+spec = make_spec(T=2, B=2, H=16, L=8, K=2, D=3)
+seq = 0
+while True:
+    sender.send(make_segment(spec, B=2, seq=seq, actor_id=sys.argv[2], truncations=1, episodes=1))
+    seq += 1
+    time.sleep(0.01)
+"""
+
+
+def test_killed_actor_process_times_out_and_rejoins_when_restarted():
+    receiver = transport.TrajectoryReceiver(tcfg(), 0, SPEC, endpoint="tcp://127.0.0.1:*")
+    server = transport.ControlServer(tcfg(), welcome_fn_for([receiver.endpoint]), endpoint="tcp://127.0.0.1:*")
+    steady = transport.LearnerClient(server.endpoint, "steady", tcfg())    # an actor that stays
+    seen: dict[str, int] = {}
+
+    def pump(cond, timeout=20.0):
+        """Keep the learner side receiving while waiting for `cond`."""
+        deadline = time.monotonic() + timeout
+        while not cond() and time.monotonic() < deadline:
+            seg = receiver.recv(timeout_ms=20)
+            if seg is not None:
+                seen[seg.meta["actor_id"]] = seen.get(seg.meta["actor_id"], 0) + 1
+        return cond()
+
+    procs = []
+    try:
+        assert steady.join(timeout=10) is not None
+        procs.append(subprocess.Popen([sys.executable, "-c", ACTOR, server.endpoint, "doomed"], cwd=REPO))
+        assert pump(lambda: seen.get("doomed", 0) >= 5)
+        assert server.counts()["alive"] == 2
+        procs[0].kill()                                             # mid-stream, no bye
+        procs[0].wait()
+        before = seen["doomed"]
+        assert pump(lambda: server.counts()["timed_out_total"] == 1)
+        assert server.counts()["alive"] == 1 and steady.learner_alive
+        assert pump(lambda: False, timeout=0.3) is False and seen["doomed"] - before <= 2
+        procs.append(subprocess.Popen([sys.executable, "-c", ACTOR, server.endpoint, "doomed"], cwd=REPO))
+        assert pump(lambda: seen["doomed"] >= before + 5)           # the restarted actor streams again
+        counts = server.counts()
+        assert counts["alive"] == 2 and counts["joined_total"] == 3 and registry_invariant(counts)
+        assert not receiver.stats["invalid"]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        steady.close()
+        server.close()
+        receiver.close()
+
+
+@pytest.mark.parametrize("outage", ["short", "past_timeout"])
+def test_learner_restart_on_the_same_port_is_rejoined(outage):
+    endpoint = free_tcp_endpoint()
+    server = transport.ControlServer(tcfg(), welcome_fn_for(["tcp://127.0.0.1:2"]), endpoint=endpoint)
+    client = transport.LearnerClient(endpoint, "a", tcfg())
+    try:
+        assert client.join(timeout=10) is not None and client.learner_alive
+        server.close(notify=False)                                  # a crash: no shutdown notice
+        if outage == "past_timeout":
+            assert wait_until(lambda: not client.learner_alive, 10)
+        server = transport.ControlServer(tcfg(), welcome_fn_for(["tcp://127.0.0.1:3"]), endpoint=endpoint)
+        assert wait_until(lambda: client.rejoins == 1 and client.learner_alive, 10)
+        assert client.welcome["trajectory_endpoints"] == ["tcp://127.0.0.1:3"]
+        assert wait_until(lambda: server.counts()["alive"] == 1)
+        assert server.counts()["joined_total"] == 1 and not client.finished
+    finally:
+        client.close()
+        server.close()
+
+
+# ------------------------------------------------------------------------------------ security
+def test_keygen_layout_and_adding_clients(tmp_path):
+    keys = tmp_path / "keys"
+    assert cli.main(["keygen", str(keys), "--clients", "2"]) == 0
+    server_public = (keys / "server.key").read_bytes()
+    assert cli.main(["keygen", str(keys)]) == 0                      # adds client_002, keeps the server
+    assert (keys / "server.key").read_bytes() == server_public
+    assert sorted(p.name for p in (keys / "authorized_clients").iterdir()) == [
+        "client_000.key", "client_001.key", "client_002.key"]
+    for i in range(3):
+        bundle = keys / "clients" / f"client_{i:03d}"
+        assert sorted(p.name for p in bundle.iterdir()) == ["client.key", "client.key_secret", "server.key"]
+        assert (bundle / "server.key").read_bytes() == server_public
+        assert oct((bundle / "client.key_secret").stat().st_mode & 0o777) == "0o600"
+
+
+def test_curve_refuses_unknown_clients_and_admits_known_ones(tmp_path):
+    keys = tmp_path / "keys"
+    assert cli.main(["keygen", str(keys), "--clients", "1"]) == 0
+    rogue = tmp_path / "rogue"                     # a key pair the learner never authorised
+    rogue.mkdir()
+    zmq.auth.create_certificates(rogue, "client")
+    (rogue / "server.key").write_bytes((keys / "server.key").read_bytes())
+
+    learner_cfg = tcfg(keys_dir=str(keys))
+    receiver = transport.TrajectoryReceiver(learner_cfg, 0, SPEC, endpoint="tcp://127.0.0.1:*")
+    server = transport.ControlServer(learner_cfg, welcome_fn_for([receiver.endpoint]), endpoint="tcp://127.0.0.1:*")
+    clients = []
+    try:
+        for keys_dir in (str(rogue), None):
+            clients.append(transport.LearnerClient(server.endpoint, f"rogue-{keys_dir is None}", tcfg(keys_dir=keys_dir)))
+            assert clients[-1].join(timeout=1.5) is None
+        intruder = transport.TrajectorySender([receiver.endpoint], tcfg(keys_dir=str(rogue)), "drop_oldest")
+        intruder.send(make_segment(SPEC, B=2))
+        assert receiver.recv(timeout_ms=500) is None
+        intruder.close()
+        assert server.counts()["joined_total"] == 0
+
+        bundle = str(keys / "clients" / "client_000")
+        clients.append(transport.LearnerClient(server.endpoint, "good", tcfg(keys_dir=bundle)))
+        welcome = clients[-1].join(timeout=10)
+        assert welcome is not None and welcome["config"]["transport"]["keys_dir"] == bundle
+        sender = transport.TrajectorySender(welcome["trajectory_endpoints"], tcfg(keys_dir=bundle))
+        seg = make_segment(SPEC, B=2, seq=5)
+        sender.send(seg)
+        out = receiver.recv(timeout_ms=10_000)
+        sender.close()
+        assert out is not None and out.arrays["image"].tobytes() == seg.arrays["image"].tobytes()
+        assert server.counts() == {"alive": 1, "joined_total": 1, "left_total": 0, "timed_out_total": 0,
+                                   "replaced_total": 0}
+    finally:
+        for c in clients:
+            c.close()
+        server.close()
+        receiver.close()
+
+
+def test_curve_weights_channel(tmp_path):
+    keys = tmp_path / "keys"
+    assert cli.main(["keygen", str(keys)]) == 0
+    server = transport.WeightServer(tcfg(keys_dir=str(keys)), endpoint="tcp://127.0.0.1:*")
+    sub = transport.WeightSubscriber(server.endpoint, tcfg(keys_dir=str(keys)))   # local: first bundle
+    try:
+        server.publish(3, {"w": np.arange(5, dtype=np.float32)})
+        version, tensors = sub.wait_newer(-1, timeout=10)
+        assert version == 3 and tensors["w"].tolist() == [0, 1, 2, 3, 4]
+    finally:
+        sub.close()
+        server.close()
+
+
+def test_public_bind_needs_keys_or_an_explicit_opt_in(caplog, tmp_path):
+    with pytest.raises(TransportError, match="allow_insecure_public_bind"):
+        transport.ControlServer(tcfg(bind_host="0.0.0.0"), welcome_fn_for([]), endpoint=None)
+    with pytest.raises(TransportError, match="keys_dir"):
+        transport.WeightServer(tcfg(), endpoint="tcp://0.0.0.0:*")
+    with caplog.at_level(logging.WARNING, logger="asyncvla.transport"):
+        server = transport.WeightServer(tcfg(allow_insecure_public_bind=True), endpoint="tcp://0.0.0.0:*")
+    server.close()
+    assert any("without CURVE" in r.getMessage() for r in caplog.records)
+    keys = tmp_path / "keys"
+    assert cli.main(["keygen", str(keys)]) == 0
+    server = transport.WeightServer(tcfg(keys_dir=str(keys)), endpoint="tcp://0.0.0.0:*")
+    server.close()
+    with pytest.raises(TransportError, match="server.key_secret"):
+        transport.WeightServer(tcfg(keys_dir=str(tmp_path)), endpoint="tcp://127.0.0.1:*")
+    with pytest.raises(TransportError, match="client.key_secret"):
+        transport.WeightSubscriber("tcp://127.0.0.1:1", tcfg(keys_dir=str(tmp_path / "nothing")))
+
+
+def test_advertised_endpoint_for_a_wildcard_bind(tmp_path):
+    keys = tmp_path / "keys"
+    assert cli.main(["keygen", str(keys)]) == 0
+    rx = transport.TrajectoryReceiver(tcfg(keys_dir=str(keys), bind_host="0.0.0.0", advertise_host="learner-0",
+                                           trajectory_port=free_port()), 1, SPEC)
+    try:
+        assert rx.endpoint.startswith("tcp://learner-0:")
+    finally:
+        rx.close()
+
+
+def free_port() -> int:
+    return int(free_tcp_endpoint().rsplit(":", 1)[1]) - 1       # the receiver adds its rank (1)
