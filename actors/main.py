@@ -61,7 +61,8 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
         actor_index = zlib.crc32(actor_id.encode()) % 100_000
     seed = cfg.env.seed + 1000 * actor_index
     env = make_env(cfg.env, cfg.actor.num_envs, cfg.policy.image_size, cfg.policy.num_action_chunks,
-                   cfg.algorithm.reward_type, seed=seed)
+                   cfg.algorithm.reward_type, seed=seed,
+                   action_dim=cfg.policy.action_dim)
     generator = torch.Generator(device=cfg.actor.device).manual_seed(cfg.actor.seed + seed)
     tokenize = rollout.InstructionCache(policy)
     per_version = _segments_per_version(cfg)

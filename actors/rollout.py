@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 
 class InstructionCache:
@@ -42,7 +41,7 @@ def start(env) -> RolloutState:
 
 
 def collect_segment(env, policy, tokenize: InstructionCache, state: RolloutState, T: int,
-                    temperature: float, generator: torch.Generator | None = None) -> tuple[dict, dict]:
+                    temperature: float, generator=None) -> tuple[dict, dict]:
     """Run T policy steps; return (arrays, info). `state` is advanced in place."""
     B = env.num_envs
     obs_seq, instr, masks, tokens, logps, rewards, term, trunc = [], [], [], [], [], [], [], []
@@ -57,11 +56,11 @@ def collect_segment(env, policy, tokenize: InstructionCache, state: RolloutState
         out = policy.act(state.obs["image"], ids, mask, state.obs.get("state"),
                          temperature=temperature, generator=generator)
         t1 = time.perf_counter()
-        step = env.step_chunk(out.actions.cpu().numpy())
+        step = env.step_chunk(np.asarray(out.actions))
         env_s += time.perf_counter() - t1
         act_s += t1 - t0
-        tokens.append(out.action_tokens.cpu().numpy())
-        logps.append(out.logprobs.float().cpu().numpy())
+        tokens.append(np.asarray(out.action_tokens))
+        logps.append(np.asarray(out.logprobs, np.float32))
         rewards.append(np.asarray(step.reward, np.float32))
         term.append(np.asarray(step.terminated, np.uint8))
         trunc.append(np.asarray(step.truncated, np.uint8))

@@ -115,8 +115,8 @@ class ControlServer:
         self.policy_dir = policy_dir
         self._node = Node(tcfg, server=True)
         try:
-            self._router = self._node.socket(zmq.ROUTER, bind=endpoint or bind_endpoint(tcfg, tcfg.control_port),
-                                             ROUTER_MANDATORY=1)
+            self._router = self._node.socket(
+                zmq.ROUTER, bind=endpoint or bind_endpoint(tcfg, tcfg.control_port), ROUTER_MANDATORY=1)
         except BaseException:
             self._node.close(0)
             raise
@@ -202,7 +202,8 @@ class ControlServer:
             reply = encode_control("welcome", body, files=files)
         except Exception as e:       # a bug in welcome_fn: tell the actor instead of leaving it waiting
             log.exception("building the welcome for actor %s failed", hello["actor_id"])
-            self._send(peer, encode_control("error", {"message": f"learner could not build the welcome: {e}"[:250]}))
+            message = f"learner could not build the welcome: {e}"[:250]
+            self._send(peer, encode_control("error", {"message": message}))
             return
         with self._lock:
             what = self.registry.hello(hello["actor_id"], hello["host"], hello["pid"], peer, now)
@@ -212,7 +213,8 @@ class ControlServer:
 
     def _policy_reply(self) -> list:
         if self.policy_dir is None:
-            return encode_control("error", {"message": "this learner ships no policy files (policy_dir unset)"})
+            return encode_control("error", {"message": "this learner ships no policy files "
+                                                       "(policy_dir unset)"})
         if self._policy_files is None:          # read once; the directory does not change in a run
             root = Path(self.policy_dir)
             self._policy_files = {p.relative_to(root).as_posix(): p.read_bytes()
@@ -249,7 +251,8 @@ class LearnerClient:
         if not 0 < len(actor_id) <= MAX_NAME_LEN:
             raise ValueError(f"actor_id {actor_id!r} must be 1..{MAX_NAME_LEN} characters")
         self.endpoint, self.actor_id, self.tcfg = control_endpoint, actor_id, tcfg
-        self.hello = {"actor_id": actor_id, "host": host or socket.gethostname(), "pid": os.getpid() if pid is None else pid}
+        self.hello = {"actor_id": actor_id, "host": host or socket.gethostname(),
+                      "pid": os.getpid() if pid is None else pid}
         self._node = Node(tcfg, server=False)
         self._sock: zmq.Socket | None = None
         self._limits = Limits.for_kind("control", tcfg.max_message_mb)
@@ -316,7 +319,8 @@ class LearnerClient:
                     self._send("heartbeat", {"actor_id": self.actor_id})
                     next_beat = now + self.interval_s
                 if now - last_heard > self.timeout_s:
-                    log.warning("learner at %s silent for %.1f s; trying to rejoin", self.endpoint, now - last_heard)
+                    log.warning("learner at %s silent for %.1f s; trying to rejoin", self.endpoint,
+                                now - last_heard)
                     self._reconnect()       # nothing queued for the old learner reaches a new one
                     self.learner_alive, joined = False, False
                     next_hello, backoff = now, BACKOFF_MIN_S
@@ -421,4 +425,5 @@ def _check_welcome(meta: dict) -> None:
         if not isinstance(meta.get(key), typ) or isinstance(meta.get(key), bool):
             raise ValidationError("bad_welcome", f"welcome '{key}' must be a {typ.__name__}")
     if not all(isinstance(e, str) for e in meta["trajectory_endpoints"]) or not meta["trajectory_endpoints"]:
-        raise ValidationError("bad_welcome", "welcome 'trajectory_endpoints' must be a non-empty list of strings")
+        raise ValidationError("bad_welcome", "welcome 'trajectory_endpoints' must be a non-empty list "
+                                             "of strings")

@@ -92,7 +92,8 @@ class Message:
     kind: str
     meta: dict
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
-    tags: dict[str, str] = field(default_factory=dict)      # array name -> dtype tag
+    tags: dict[str, str] = field(default_factory=dict)      # array name -> dtype tag (shared: read only)
+    layout: str | None = None                                # identifies the array layout (for caches)
 
 
 # ------------------------------------------------------------------------------ generic codec
@@ -120,21 +121,49 @@ def decode(frames: Sequence[Any], limits: Limits) -> Message:
     if total > limits.max_bytes:
         raise ValidationError("too_large", f"{total} bytes > {limits.max_bytes}")
     header = _unpack_header(buffers[0], limits)
-    kind, meta, specs = header["type"], header["meta"], header["arrays"]
-    if len(specs) != len(buffers) - 1:
-        raise ValidationError("frame_count", f"header declares {len(specs)} arrays, "
+    layout, entries, tags = _array_layout(header["arrays"])
+    if len(entries) != len(buffers) - 1:
+        raise ValidationError("frame_count", f"header declares {len(entries)} arrays, "
                                              f"message has {len(buffers) - 1} array frames")
-    arrays, tags = {}, {}
-    for spec, buf in zip(specs, buffers[1:]):
-        name, tag, dtype, shape, count = _check_array_spec(spec, arrays)
-        if count * dtype.itemsize != buf.nbytes:
-            raise ValidationError("frame_size", f"array '{name}' {tag}{list(shape)} needs "
-                                                f"{count * dtype.itemsize} bytes, frame has {buf.nbytes}")
+    arrays = {}
+    for (name, tag, dtype, shape, nbytes), buf in zip(entries, buffers[1:]):
+        if nbytes != buf.nbytes:
+            raise ValidationError("frame_size", f"array '{name}' {tag}{list(shape)} needs {nbytes} bytes, "
+                                                f"frame has {buf.nbytes}")
         arr = np.frombuffer(buf, dtype=dtype).reshape(shape)
-        if tag == "bool" and count and arr.view(np.uint8).max() > 1:
+        if tag == "bool" and nbytes and arr.view(np.uint8).max() > 1:
             raise ValidationError("bad_values", f"array '{name}' (bool) holds bytes other than 0/1")
-        arrays[name], tags[name] = arr, tag
-    return Message(kind, meta, arrays, tags)
+        arrays[name] = arr
+    return Message(header["type"], header["meta"], arrays, tags, layout)
+
+
+# A stream of messages repeats a few array layouts; checking one once and keying it by its exact
+# text (repr tells 4 from 4.0 and 1 from True) keeps the per-message cost low.
+_LAYOUTS: dict[str, tuple] = {}
+_MAX_CACHED_LAYOUTS, _MAX_CACHED_KEY = 256, 8192
+
+
+def _array_layout(specs) -> tuple[str | None, tuple, dict]:
+    """(cache key or None, ((name, tag, dtype, shape, nbytes), ...), {name: tag}) of a header."""
+    key = repr(specs) if type(specs) is list and len(specs) <= 64 else None
+    if key is not None and len(key) > _MAX_CACHED_KEY:
+        key = None
+    hit = _LAYOUTS.get(key) if key is not None else None
+    if hit is not None:
+        return key, hit[0], hit[1]
+    if type(specs) is not list:
+        raise ValidationError("bad_header", "header 'arrays' must be a list")
+    tags: dict[str, str] = {}
+    entries = []
+    for spec in specs:
+        name, tag, dtype, shape, count = _check_array_spec(spec, tags)
+        tags[name] = tag
+        entries.append((name, tag, dtype, shape, count * dtype.itemsize))
+    if key is not None:
+        if len(_LAYOUTS) >= _MAX_CACHED_LAYOUTS:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = (tuple(entries), tags)
+    return key, tuple(entries), tags
 
 
 def _buffer(frame) -> memoryview:
@@ -160,9 +189,8 @@ def _unpack_header(buf: memoryview, limits: Limits) -> dict:
         raise ValidationError("bad_header", f"header must be a map of type, v, meta, arrays; got {keys}")
     if header["v"] != SCHEMA_VERSION or isinstance(header["v"], bool):
         raise ValidationError("schema_version", f"schema version {header['v']!r}, expected {SCHEMA_VERSION}")
-    if not isinstance(header["type"], str) or not isinstance(header["meta"], dict) \
-            or not isinstance(header["arrays"], list):
-        raise ValidationError("bad_header", "type must be a string, meta a map, arrays a list")
+    if not isinstance(header["type"], str) or not isinstance(header["meta"], dict):
+        raise ValidationError("bad_header", "type must be a string, meta a map")
     return header
 
 
@@ -296,6 +324,23 @@ def check_segment_meta(meta: dict) -> dict:
 
 
 def check_segment_arrays(msg: Message, spec: SegmentSpec) -> dict[str, np.ndarray]:
+    key = None if msg.layout is None else (msg.layout, spec, msg.meta["num_steps"], msg.meta["num_envs"])
+    dims = _SEGMENT_LAYOUTS.get(key) if key is not None else None
+    if dims is None:
+        dims = _check_segment_layout(msg, spec)
+        if key is not None:
+            if len(_SEGMENT_LAYOUTS) >= _MAX_CACHED_LAYOUTS:
+                _SEGMENT_LAYOUTS.clear()
+            _SEGMENT_LAYOUTS[key] = dims
+    _check_segment_values(msg.arrays, spec, dims)
+    return msg.arrays
+
+
+_SEGMENT_LAYOUTS: dict[tuple, dict] = {}
+
+
+def _check_segment_layout(msg: Message, spec: SegmentSpec) -> dict[str, int]:
+    """Field names, dtypes and shapes against the spec and meta; returns the dims."""
     arrays, fields = msg.arrays, _fields_of(spec)
     if arrays.keys() != fields.keys():
         missing, extra = sorted(set(fields) - set(arrays)), sorted(set(arrays) - set(fields))
@@ -307,8 +352,7 @@ def check_segment_arrays(msg: Message, spec: SegmentSpec) -> dict[str, np.ndarra
         want = tuple(dims[d] if type(d) is str else d for d in shape)
         if arrays[name].shape != want:
             raise ValidationError("bad_shape", f"'{name}' has shape {arrays[name].shape}, expected {want}")
-    _check_segment_values(arrays, spec, dims)
-    return arrays
+    return dims
 
 
 @functools.lru_cache(maxsize=64)
@@ -470,5 +514,6 @@ def total_bytes(frames: Iterable[Any]) -> int:
 
 __all__ = ["SCHEMA_VERSION", "DTYPES", "ValidationError", "Limits", "Message", "Segment", "SegmentSpec",
            "SEGMENT_FIELDS", "encode", "decode", "encode_segment", "decode_segment", "encode_weights",
-           "decode_weights", "weights_of", "encode_control", "decode_control", "control_of", "files_of", "all_finite",
+           "decode_weights", "weights_of", "encode_control", "decode_control", "control_of", "files_of",
+           "all_finite",
            "bf16_bits_to_float32", "total_bytes"]

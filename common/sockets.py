@@ -135,7 +135,7 @@ class Node:
                 if server:
                     public, secret, authorized = server_keys(tcfg.keys_dir)
                     from zmq.auth.thread import ThreadAuthenticator
-                    self.auth = ThreadAuthenticator(self.ctx, log=logging.getLogger("asyncvla.transport.auth"))
+                    self.auth = ThreadAuthenticator(self.ctx, log=log.getChild("auth"))
                     self.auth.start()
                     self.auth.configure_curve(domain="*", location=str(authorized))
                     self.curve = (public, secret, None)

@@ -89,7 +89,8 @@ class TrajectorySender:
 
     def __init__(self, endpoints: Sequence[str] | str, tcfg, backpressure: str = "block"):
         if backpressure not in BACKPRESSURE:
-            raise ValueError(f"backpressure={backpressure!r} is not allowed; choose one of {list(BACKPRESSURE)}")
+            raise ValueError(f"backpressure={backpressure!r} is not allowed; "
+                             f"choose one of {list(BACKPRESSURE)}")
         endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not endpoints:
             raise ValueError("TrajectorySender needs at least one learner endpoint")
@@ -129,7 +130,9 @@ class TrajectorySender:
                 100 if deadline is None else max(0, min(100, int((deadline - time.monotonic()) * 1000)))
             if self._try_send(frames, wait_ms):
                 return True
-            if (stop is not None and stop.is_set()) or (deadline is not None and time.monotonic() >= deadline):
+            if stop is not None and stop.is_set():
+                return False
+            if deadline is not None and time.monotonic() >= deadline:
                 return False
 
     def flush(self, timeout: float | None = None) -> bool:

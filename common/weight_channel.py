@@ -38,8 +38,8 @@ class WeightServer:
     def __init__(self, tcfg, endpoint: str | None = None):
         self._node = Node(tcfg, server=True)
         try:
-            self._router = self._node.socket(zmq.ROUTER, bind=endpoint or bind_endpoint(tcfg, tcfg.weights_port),
-                                             ROUTER_MANDATORY=1)
+            self._router = self._node.socket(
+                zmq.ROUTER, bind=endpoint or bind_endpoint(tcfg, tcfg.weights_port), ROUTER_MANDATORY=1)
             wake = f"inproc://weights-wake-{id(self)}"
             self._wake_rx = self._node.socket(zmq.PAIR, bind=wake, secure=False)
             self._wake_tx = self._node.socket(zmq.PAIR, connect=wake, secure=False)
@@ -179,8 +179,8 @@ class WeightSubscriber:
 
     def wait_newer(self, version: int, timeout: float | None = None):
         with self._cond:
-            self._cond.wait_for(lambda: self._closed or (self._newest is not None and self._newest[0] > version),
-                                timeout)
+            self._cond.wait_for(
+                lambda: self._closed or (self._newest is not None and self._newest[0] > version), timeout)
             return self._take(version)
 
     def close(self) -> None:

@@ -16,7 +16,6 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import time
 from collections import Counter
 from pathlib import Path
@@ -202,7 +201,7 @@ def _segment_spec(cfg: Config, policy) -> SegmentSpec:
     p = cfg.policy
     return SegmentSpec(image_size=p.image_size, instruction_len=p.max_instruction_tokens,
                        num_tokens=p.num_action_chunks * p.action_dim, num_action_chunks=p.num_action_chunks,
-                       state_dim=getattr(policy, "state_dim", 0),
+                       state_dim=cfg.policy.state_dim,
                        action_level_rewards=cfg.algorithm.reward_type == "action_level",
                        max_steps=cfg.actor.rollout_length)
 

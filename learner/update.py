@@ -53,7 +53,7 @@ def compute_targets(engine, batch: Batch, cfg: Config, device) -> dict:
         fin = _pad_rows({k: batch.finals["final_" + k] for k in OBS_KEYS if "final_" + k in batch.finals},
                         n_final, like=obs)
         obs = {k: np.concatenate([obs[k], fin[k]]) for k in obs}
-        tokens = np.concatenate([tokens, np.zeros((n_final, tokens.shape[1]), tokens.dtype)])
+        tokens = np.concatenate([tokens, np.repeat(tokens[:1], n_final, axis=0)])   # any valid tokens: only V is used
     logp, values = [], []
     for sl in _chunks(len(tokens), cfg.learner.micro_batch_size):
         out = engine(*_inputs({k: v[sl] for k, v in obs.items()}, tokens[sl], device), level)

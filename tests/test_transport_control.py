@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -82,7 +81,8 @@ def test_join_welcome_policy_files_bye_and_shutdown(tmp_path):
         assert welcome["heartbeat_timeout_s"] == FAST["heartbeat_timeout_s"]
         assert welcome["config"]["transport"]["keys_dir"] is None       # the actor's own keys
         files = a.fetch_policy_files(timeout=10)
-        assert files == {"policy.json": b'{"k": 1}', "sub/weights.bin": (tmp_path / "sub" / "weights.bin").read_bytes()}
+        assert files == {"policy.json": b'{"k": 1}',
+                         "sub/weights.bin": (tmp_path / "sub" / "weights.bin").read_bytes()}
         assert b.join(timeout=10) is not None
         assert server.counts()["alive"] == 2
         a.close()                                                         # says bye
@@ -128,7 +128,8 @@ while True:
 
 def test_killed_actor_process_times_out_and_rejoins_when_restarted():
     receiver = transport.TrajectoryReceiver(tcfg(), 0, SPEC, endpoint="tcp://127.0.0.1:*")
-    server = transport.ControlServer(tcfg(), welcome_fn_for([receiver.endpoint]), endpoint="tcp://127.0.0.1:*")
+    server = transport.ControlServer(tcfg(), welcome_fn_for([receiver.endpoint]),
+                                     endpoint="tcp://127.0.0.1:*")
     steady = transport.LearnerClient(server.endpoint, "steady", tcfg())    # an actor that stays
     seen: dict[str, int] = {}
 
@@ -149,10 +150,11 @@ def test_killed_actor_process_times_out_and_rejoins_when_restarted():
         assert server.counts()["alive"] == 2
         procs[0].kill()                                             # mid-stream, no bye
         procs[0].wait()
-        before = seen["doomed"]
         assert pump(lambda: server.counts()["timed_out_total"] == 1)
         assert server.counts()["alive"] == 1 and steady.learner_alive
-        assert pump(lambda: False, timeout=0.3) is False and seen["doomed"] - before <= 2
+        before = seen["doomed"]
+        pump(lambda: False, timeout=0.3)                            # the learner side keeps going
+        assert seen["doomed"] == before
         procs.append(subprocess.Popen([sys.executable, "-c", ACTOR, server.endpoint, "doomed"], cwd=REPO))
         assert pump(lambda: seen["doomed"] >= before + 5)           # the restarted actor streams again
         counts = server.counts()
@@ -213,11 +215,13 @@ def test_curve_refuses_unknown_clients_and_admits_known_ones(tmp_path):
 
     learner_cfg = tcfg(keys_dir=str(keys))
     receiver = transport.TrajectoryReceiver(learner_cfg, 0, SPEC, endpoint="tcp://127.0.0.1:*")
-    server = transport.ControlServer(learner_cfg, welcome_fn_for([receiver.endpoint]), endpoint="tcp://127.0.0.1:*")
+    server = transport.ControlServer(learner_cfg, welcome_fn_for([receiver.endpoint]),
+                                     endpoint="tcp://127.0.0.1:*")
     clients = []
     try:
         for keys_dir in (str(rogue), None):
-            clients.append(transport.LearnerClient(server.endpoint, f"rogue-{keys_dir is None}", tcfg(keys_dir=keys_dir)))
+            clients.append(transport.LearnerClient(server.endpoint, f"rogue-{keys_dir is None}",
+                                                   tcfg(keys_dir=keys_dir)))
             assert clients[-1].join(timeout=1.5) is None
         intruder = transport.TrajectorySender([receiver.endpoint], tcfg(keys_dir=str(rogue)), "drop_oldest")
         intruder.send(make_segment(SPEC, B=2))
@@ -280,8 +284,9 @@ def test_public_bind_needs_keys_or_an_explicit_opt_in(caplog, tmp_path):
 def test_advertised_endpoint_for_a_wildcard_bind(tmp_path):
     keys = tmp_path / "keys"
     assert cli.main(["keygen", str(keys)]) == 0
-    rx = transport.TrajectoryReceiver(tcfg(keys_dir=str(keys), bind_host="0.0.0.0", advertise_host="learner-0",
-                                           trajectory_port=free_port()), 1, SPEC)
+    cfg = tcfg(keys_dir=str(keys), bind_host="0.0.0.0", advertise_host="learner-0",
+               trajectory_port=free_port())
+    rx = transport.TrajectoryReceiver(cfg, 1, SPEC)
     try:
         assert rx.endpoint.startswith("tcp://learner-0:")
     finally:

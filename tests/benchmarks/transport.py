@@ -4,9 +4,11 @@ Trajectories: segments of about 64 KB, 1 MB, 8 MB and 32 MB (plus the realistic 
 128 px one) pushed by a sender process to a receiver in this process, once with our codec and
 sockets (TrajectorySender -> TrajectoryReceiver: encode, send zero-copy, receive zero-copy,
 decode and validate) and once with raw pyzmq PUSH/PULL moving the very same frames, in the same
-run, alternating, best of the repeats. Weights: publish-to-available latency (publish() called
--> the actor process holds the arrays from wait_newer) for ~1 MB and 200 MB payloads, and the
-server's memory growth while serving 200 MB to three actor processes at once.
+run, alternating, best of the repeats (also the CPU time both processes spend per segment,
+steadier than rates on a machine shared with other work). Weights: publish-to-available
+latency (publish() called -> the actor process holds the arrays from wait_newer) for ~1 MB and
+200 MB payloads, and the server's memory growth while serving 200 MB to three actor processes
+at once.
 
     python -m tests.benchmarks.transport [--quick] [--out bench_results/transport.json]
 """
@@ -39,21 +41,27 @@ def run(quick: bool = False) -> dict:
     results = {"quick": quick, "cpus": os.cpu_count(), "python": platform.python_version(),
                "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(), "throughput": [], "weights": []}
     budget = (256 if quick else 1024) << 20          # bytes per measured run
-    repeats = 2 if quick else 3
+    repeats = 3 if quick else 5
     cases = [(label, _side_for(nbytes), T, B) for label, nbytes in TARGETS] + [("realistic", 128, 16, 8)]
     for label, side, t, b in cases:
         size = P.total_bytes(P.encode_segment(_segment(side, t, b)))
         count = int(min(5000, max(20, budget // size)))
         best = {"ours": 0.0, "raw": 0.0}
+        cpu = {"ours": float("inf"), "raw": float("inf")}
         for _ in range(repeats):
             for mode in ("raw", "ours"):
-                best[mode] = max(best[mode], _throughput(mode, side, t, b, count))
+                rate, cpu_us = _throughput(mode, side, t, b, count)
+                best[mode], cpu[mode] = max(best[mode], rate), min(cpu[mode], cpu_us)
         results["throughput"].append({
             "payload": label, "bytes": size, "T": t, "B": b, "image_side": side, "messages": count,
             "ours_segments_per_s": best["ours"], "raw_segments_per_s": best["raw"],
             "ours_GBps": best["ours"] * size / 1e9, "raw_GBps": best["raw"] * size / 1e9,
-            "ours_over_raw": best["ours"] / best["raw"]})
-    for label, numel, versions in [("1MB", 1 << 18, 10 if quick else 30), ("200MB", 50 << 20, 3 if quick else 6)]:
+            "ours_over_raw": best["ours"] / best["raw"],
+            # CPU time of both processes (all threads) per segment: steadier than wall-clock rates
+            # on a shared machine.
+            "ours_cpu_us_per_segment": cpu["ours"], "raw_cpu_us_per_segment": cpu["raw"]})
+    weight_cases = [("1MB", 1 << 18, 10 if quick else 30), ("200MB", 50 << 20, 3 if quick else 6)]
+    for label, numel, versions in weight_cases:
         results["weights"].append({"payload": label, "bytes": numel * 4, **_weight_latency(numel, versions)})
     results["weights_server_rss_growth_MB_3x200MB"] = _server_memory(50 << 20, subscribers=3)
     return results
@@ -74,34 +82,41 @@ def _segment(side: int, t: int, b: int) -> Segment:
     z = lambda shape, dt: np.zeros(shape, dt)
     arrays = {"image": rng.integers(0, 256, (t + 1, b, side, side, 3), dtype=np.uint8),
               "instruction": z((t + 1, b, L), np.int64), "instruction_mask": z((t + 1, b, L), np.uint8),
-              "action_tokens": z((t, b, K * D), np.int64), "behavior_logp": -rng.random((t, b, K * D), np.float32),
+              "action_tokens": z((t, b, K * D), np.int64),
+              "behavior_logp": -rng.random((t, b, K * D), np.float32),
               "rewards": rng.random((t, b), np.float32), "terminated": z((t, b), np.uint8),
               "truncated": z((t, b), np.uint8), "final_index": z((0, 2), np.int64),
               "final_image": z((0, side, side, 3), np.uint8), "final_instruction": z((0, L), np.int64),
               "final_instruction_mask": z((0, L), np.uint8), "ep_return": z(0, np.float32),
               "ep_length": z(0, np.int64), "ep_success": z(0, np.uint8)}
-    meta = {"actor_id": "bench", "seq": 0, "policy_version": 0, "num_steps": t, "num_envs": b, "env_steps": t * b * K}
+    meta = {"actor_id": "bench", "seq": 0, "policy_version": 0, "num_steps": t, "num_envs": b,
+            "env_steps": t * b * K}
     return Segment(meta, arrays)
 
 
-def _sender(mode: str, endpoint: str, side: int, t: int, b: int, count: int, tcfg: dict) -> None:
+def _sender(mode: str, endpoint: str, side: int, t: int, b: int, count: int, tcfg: dict, conn) -> None:
+    """Sends `count` segments; reports its CPU seconds (all threads) spent sending them."""
     cfg = TransportConfig(**tcfg)
     seg = _segment(side, t, b)
+    cpu0 = time.process_time()
     if mode == "ours":
         sender = transport.TrajectorySender([endpoint], cfg)
         for _ in range(count):
             sender.send(seg)
+        cpu = time.process_time() - cpu0
         sender.close()
-        return
-    frames = P.encode_segment(seg)
-    ctx = zmq.Context()
-    push = ctx.socket(zmq.PUSH)
-    push.sndhwm, push.linger = cfg.send_hwm, cfg.linger_ms
-    push.connect(endpoint)
-    for _ in range(count):
-        push.send_multipart(frames, copy=False)
-    push.close()
-    ctx.term()
+    else:
+        frames = P.encode_segment(seg)
+        ctx = zmq.Context()
+        push = ctx.socket(zmq.PUSH)
+        push.sndhwm, push.linger = cfg.send_hwm, cfg.linger_ms
+        push.connect(endpoint)
+        for _ in range(count):
+            push.send_multipart(frames, copy=False)
+        cpu = time.process_time() - cpu0
+        push.close()
+        ctx.term()
+    conn.send(cpu)
 
 
 def _throughput(mode: str, side: int, t: int, b: int, count: int) -> float:
@@ -123,24 +138,27 @@ def _throughput(mode: str, side: int, t: int, b: int, count: int) -> float:
         def close():
             pull.close()
             ctx.term()
+    parent, child = mp.get_context("spawn").Pipe()
     proc = mp.get_context("spawn").Process(target=_sender, args=(mode, endpoint, side, t, b, count + warm,
-                                                                  dataclasses.asdict(cfg)))
+                                                                  dataclasses.asdict(cfg), child))
     proc.start()
     try:
         for _ in range(warm):
             assert receive() is not None, "sender produced nothing"
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         for _ in range(count):
             msg = receive()
             assert msg is not None, "a segment went missing"
             del msg
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        assert parent.poll(60)
+        sender_cpu = parent.recv()
     finally:
         proc.join(60)
         close()
     if mode == "ours":
         assert not rx.stats["invalid"], rx.stats
-    return count / elapsed
+    return count / elapsed, 1e6 * (cpu + sender_cpu) / (count + warm)
 
 
 # --------------------------------------------------------------------------------- weights
@@ -178,8 +196,8 @@ def _weight_latency(numel: int, versions: int) -> dict:
         proc.join(60)
         server.close()
     lat = np.array(latencies) * 1000
-    return {"versions": versions, "latency_ms_median": float(np.median(lat)), "latency_ms_min": float(lat.min()),
-            "latency_ms_max": float(lat.max())}
+    return {"versions": versions, "latency_ms_median": float(np.median(lat)),
+            "latency_ms_min": float(lat.min()), "latency_ms_max": float(lat.max())}
 
 
 def _server_memory(numel: int, subscribers: int) -> float:
@@ -217,13 +235,16 @@ def _server_memory(numel: int, subscribers: int) -> float:
 # ------------------------------------------------------------------------------------ main
 def print_table(results: dict) -> None:
     print(f"{'payload':<10}{'bytes':>11}{'ours seg/s':>12}{'raw seg/s':>11}{'ours GB/s':>11}{'raw GB/s':>10}"
-          f"{'ours/raw':>10}")
+          f"{'ours/raw':>10}{'CPU us/seg ours':>17}{'raw':>7}")
     for r in results["throughput"]:
-        print(f"{r['payload']:<10}{r['bytes']:>11}{r['ours_segments_per_s']:>12.1f}{r['raw_segments_per_s']:>11.1f}"
-              f"{r['ours_GBps']:>11.2f}{r['raw_GBps']:>10.2f}{100 * r['ours_over_raw']:>9.0f}%")
+        print(f"{r['payload']:<10}{r['bytes']:>11}{r['ours_segments_per_s']:>12.1f}"
+              f"{r['raw_segments_per_s']:>11.1f}"
+              f"{r['ours_GBps']:>11.2f}{r['raw_GBps']:>10.2f}{100 * r['ours_over_raw']:>9.0f}%"
+              f"{r['ours_cpu_us_per_segment']:>17.0f}{r['raw_cpu_us_per_segment']:>7.0f}")
     for w in results["weights"]:
         print(f"weights {w['payload']}: publish -> available in the actor process: median "
-              f"{w['latency_ms_median']:.1f} ms (min {w['latency_ms_min']:.1f}, max {w['latency_ms_max']:.1f}; "
+              f"{w['latency_ms_median']:.1f} ms (min {w['latency_ms_min']:.1f}, "
+              f"max {w['latency_ms_max']:.1f}; "
               f"{w['versions']} versions)")
     print(f"weight server RSS growth serving 200 MB to 3 actors at once: "
           f"{results['weights_server_rss_growth_MB_3x200MB']} MB")
