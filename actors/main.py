@@ -88,7 +88,8 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
             meta = {"actor_id": actor_id, "seq": seq, "policy_version": version,
                     "num_steps": cfg.actor.rollout_length, "num_envs": env.num_envs,
                     "env_steps": info["env_steps"], "act_s": info["act_s"], "env_s": info["env_s"]}
-            sender.send(transport.Segment(meta=meta, arrays=arrays))
+            if not sender.send(transport.Segment(meta=meta, arrays=arrays), stop=stop):
+                break
             seq += 1
             sent_at_version += 1
     finally:

@@ -147,6 +147,9 @@ class ControlServer:
         if notify:
             for a in list(self.registry.actors.values()):
                 self._send(a.identity, encode_control("shutdown"))
+            # The notice must leave before the socket goes, even on a loaded machine.
+            self._node.close(linger_ms=max(self.tcfg.linger_ms, 2000))
+            return
         self._node.close()
 
     # ------------------------------------------------------------------ server thread

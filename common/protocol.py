@@ -31,7 +31,6 @@ SCHEMA_VERSION = 1
 DTYPES = {name: np.dtype(dt) for name, dt in [
     ("uint8", np.uint8), ("bool", np.bool_), ("int32", np.int32), ("int64", np.int64),
     ("float16", np.float16), ("float32", np.float32), ("bfloat16", np.uint16)]}
-FLOAT_TAGS = ("float16", "float32", "bfloat16")
 _TAG_OF = {np.dtype(np.uint8): "uint8", np.dtype(np.bool_): "bool", np.dtype(np.int32): "int32",
            np.dtype(np.int64): "int64", np.dtype(np.float16): "float16", np.dtype(np.float32): "float32"}
 
@@ -286,7 +285,11 @@ class SegmentSpec:
     vocab_size: int | None = None
 
     def fields(self) -> dict[str, tuple[str, tuple]]:
-        return {k: v for k, v in SEGMENT_FIELDS.items() if self.state_dim > 0 or k not in STATE_FIELDS}
+        """The expected arrays: name -> (dtype tag, dims)."""
+        fields = {k: v for k, v in SEGMENT_FIELDS.items() if self.state_dim > 0 or k not in STATE_FIELDS}
+        if not self.action_level_rewards:
+            fields["rewards"] = ("float32", ("T", "B"))
+        return fields
 
 
 def encode_segment(segment: Segment) -> list:
@@ -357,10 +360,7 @@ def _check_segment_layout(msg: Message, spec: SegmentSpec) -> dict[str, int]:
 
 @functools.lru_cache(maxsize=64)
 def _fields_of(spec: SegmentSpec) -> dict[str, tuple[str, tuple]]:
-    fields = spec.fields()
-    if not spec.action_level_rewards:
-        fields["rewards"] = ("float32", ("T", "B"))
-    return fields
+    return spec.fields()
 
 
 def _segment_dims(arrays: dict, spec: SegmentSpec, meta: dict) -> dict[str, int]:

@@ -125,10 +125,7 @@ class TrajectorySender:
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            # Block inside libzmq, in slices when a stop or deadline must be checked.
-            wait_ms = -1 if stop is None and deadline is None else \
-                100 if deadline is None else max(0, min(100, int((deadline - time.monotonic()) * 1000)))
-            if self._try_send(frames, wait_ms):
+            if self._try_send(frames, _wait_slice_ms(deadline, stop)):
                 return True
             if stop is not None and stop.is_set():
                 return False
@@ -167,6 +164,16 @@ class TrajectorySender:
             return False
         self.sent += 1
         return True
+
+
+def _wait_slice_ms(deadline: float | None, stop) -> int:
+    """How long one blocking send may wait inside libzmq: for ever (-1) unless a stop event or
+    a deadline must be checked, then in slices of at most 100 ms."""
+    if stop is None and deadline is None:
+        return -1
+    if deadline is None:
+        return 100
+    return max(0, min(100, int((deadline - time.monotonic()) * 1000)))
 
 
 __all__ = ["TrajectoryReceiver", "TrajectorySender", "WeightServer", "WeightSubscriber", "ControlServer",

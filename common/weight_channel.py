@@ -213,6 +213,7 @@ class WeightSubscriber:
             if not self._dealer.poll(100):
                 continue
             frames = self._dealer.recv_multipart(copy=False)
+            asked_at = None                   # answered (even if invalid): ask again
             try:
                 msg = decode(frames, self._limits)
                 if msg.kind == "no_weights":
@@ -222,8 +223,6 @@ class WeightSubscriber:
             except ValidationError as e:
                 self.stats["invalid"][e.reason] += 1
                 self._drop_log(e.reason, str(e))
-                continue
-            asked_at = None
 
     def _store(self, version: int, tensors: dict) -> None:
         with self._cond:

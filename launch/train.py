@@ -61,7 +61,9 @@ def launch(cfg: Config) -> int:
     _forward_signals(children)
     learner = children.start("learner", learner_command(cfg, resolved))
     control = f"tcp://{_connect_host(cfg)}:{cfg.transport.control_port}"
-    actors = {i: children.start(f"actor-{i}", actor_command(control, i)) for i in range(cfg.launch.num_local_actors)}
+    keys = cfg.transport.keys_dir
+    actors = {i: children.start(f"actor-{i}", actor_command(control, i, keys))
+              for i in range(cfg.launch.num_local_actors)}
     restarts = {i: 0 for i in actors}
     print(f"asyncvla: run dir {run_dir}; tensorboard --logdir {run_dir / 'tb'}", flush=True)
     try:
@@ -75,7 +77,7 @@ def launch(cfg: Config) -> int:
                     restarts[i] += 1
                     print(f"asyncvla: actor {i} exited with {code}; restart {restarts[i]}/"
                           f"{cfg.launch.max_actor_restarts}", file=sys.stderr, flush=True)
-                    actors[i] = children.start(f"actor-{i}", actor_command(control, i))
+                    actors[i] = children.start(f"actor-{i}", actor_command(control, i, keys))
                 else:
                     del actors[i]
         return learner.returncode
@@ -93,9 +95,10 @@ def learner_command(cfg: Config, resolved_config: Path) -> list[str]:
     return ds + ["--module", "asyncvla.learner.main", str(resolved_config)]
 
 
-def actor_command(control_endpoint: str, index: int) -> list[str]:
-    return [sys.executable, "-m", "asyncvla.launch.cli", "actor", "--learner", control_endpoint,
-            "--actor-id", f"local-{index}", "--actor-index", str(index)]
+def actor_command(control_endpoint: str, index: int, keys_dir: str | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "asyncvla.launch.cli", "actor", "--learner", control_endpoint,
+           "--actor-id", f"local-{index}", "--actor-index", str(index)]
+    return cmd + (["--keys-dir", keys_dir] if keys_dir else [])
 
 
 def _run_dir(cfg: Config) -> Path:

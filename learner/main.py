@@ -203,7 +203,8 @@ def _segment_spec(cfg: Config, policy) -> SegmentSpec:
                        num_tokens=p.num_action_chunks * p.action_dim, num_action_chunks=p.num_action_chunks,
                        state_dim=cfg.policy.state_dim,
                        action_level_rewards=cfg.algorithm.reward_type == "action_level",
-                       max_steps=cfg.actor.rollout_length)
+                       num_steps=cfg.actor.rollout_length,
+                       vocab_size=policy.action_tokenizer.vocab_size)
 
 
 def _run_dir(cfg: Config, resume_from) -> Path:

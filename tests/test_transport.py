@@ -281,6 +281,9 @@ def test_block_mode_waits_with_bounded_memory_and_loses_nothing():
     assert sender.sent < total and thread.is_alive()
     assert _rss() - base < 80 << 20
     assert sender.send(_mb_segment(BP_SPEC, 999), timeout=0.2) is False   # caller keeps it
+    stop = threading.Event()
+    stop.set()
+    assert sender.send(_mb_segment(BP_SPEC, 998), stop=stop) is False
 
     got = []
     while len(got) < total:
@@ -326,6 +329,30 @@ def test_late_joiner_gets_the_newest_version_first_and_never_a_backlog():
     finally:
         sub.close()
         server.close()
+
+
+def test_subscriber_drops_invalid_weights_and_keeps_going():
+    ctx = zmq.Context()
+    server = ctx.socket(zmq.ROUTER)              # a server that answers with garbage first
+    server.linger = 0
+    server.bind("tcp://127.0.0.1:*")
+    sub = transport.WeightSubscriber(server.getsockopt(zmq.LAST_ENDPOINT).decode(), tcfg(), wait_s=0.2)
+    replies = [[b"\x93\x01"], P.encode_weights(4, {"w": np.array([1.0, np.nan], np.float32)}),
+               P.encode_weights(5, {"w": np.array([1.0, 2.0], np.float32)})]
+    try:
+        for reply in replies:
+            assert server.poll(10_000)
+            peer, *request = server.recv_multipart()
+            ask = P.decode_control(request, P.Limits.for_kind("request", 1), "get_weights")
+            assert ask.meta["newer_than"] == -1
+            server.send_multipart([peer, *reply])
+        version, tensors = sub.wait_newer(-1, timeout=10)
+        assert version == 5 and tensors["w"].tolist() == [1.0, 2.0]
+        assert sub.stats["invalid"] == {"bad_header": 1, "not_finite": 1}
+    finally:
+        sub.close()
+        server.close()
+        ctx.term()
 
 
 WEIGHT_CLIENTS = r"""

@@ -40,7 +40,7 @@ TARGETS = [("64KB", 64 << 10), ("1MB", 1 << 20), ("8MB", 8 << 20), ("32MB", 32 <
 def run(quick: bool = False) -> dict:
     results = {"quick": quick, "cpus": os.cpu_count(), "python": platform.python_version(),
                "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(), "throughput": [], "weights": []}
-    budget = (256 if quick else 1024) << 20          # bytes per measured run
+    budget = (128 if quick else 1024) << 20          # bytes per measured run
     repeats = 3 if quick else 5
     cases = [(label, _side_for(nbytes), T, B) for label, nbytes in TARGETS] + [("realistic", 128, 16, 8)]
     for label, side, t, b in cases:
