@@ -14,20 +14,17 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import socket
 import tempfile
-import threading
-import time
 import zlib
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from asyncvla.actors import rollout
 from asyncvla.actors.envs import make_env
 from asyncvla.common import transport
+from asyncvla.common.signals import stop_on_signals
 from asyncvla.common.config import Config, from_dict
 from asyncvla.common.policy import VLAPolicy
 
@@ -39,7 +36,7 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
         tcfg=None) -> int:
     """Join the learner at `learner` (its control endpoint) and act until it finishes."""
     actor_id = actor_id or f"{socket.gethostname()}-{os.getpid()}"
-    stop = _stop_event()
+    stop = stop_on_signals()
     from asyncvla.common.config import TransportConfig
     client = transport.LearnerClient(learner, actor_id, tcfg or TransportConfig())
     welcome = client.join(stop=stop)
@@ -118,12 +115,3 @@ def _policy_dir(spec: dict, client) -> tuple[str, str | None]:
         target.write_bytes(data)
     return tmp, tmp
 
-
-def _stop_event() -> threading.Event:
-    stop = threading.Event()
-
-    def handler(signum, frame):
-        stop.set()
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    return stop

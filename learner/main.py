@@ -15,16 +15,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import time
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from asyncvla.common import transport
+from asyncvla.common.signals import stop_on_signals
 from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides, to_dict, to_yaml
 from asyncvla.common.policy import VLAPolicy
 from asyncvla.common.protocol import SegmentSpec
@@ -56,7 +55,7 @@ def run(cfg: Config) -> int:
     ds_engine.init_distributed(cfg)
     rank, world = dist.get_rank(), dist.get_world_size()
     device = _device()
-    stop = _install_stop_handler()
+    stop = stop_on_signals()
     resume_from = checkpoint.find_latest(cfg.checkpoint.resume) if cfg.checkpoint.resume else None
     if cfg.checkpoint.resume and resume_from is None:
         raise SystemExit(f"asyncvla learner: checkpoint.resume={cfg.checkpoint.resume!r}: no complete "
@@ -220,16 +219,6 @@ def _device() -> torch.device:
         return torch.device("cuda", local)
     return torch.device("cpu")
 
-
-def _install_stop_handler():
-    import threading
-    stop = threading.Event()
-
-    def handler(signum, frame):
-        stop.set()
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    return stop
 
 
 def _all_gather(obj):
