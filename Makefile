@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 # pytest options, e.g. `make test PYTEST_ARGS="-k transport"`
 PYTEST_ARGS ?=
 
-.PHONY: setup train test bench clean
+.PHONY: setup train test clean
 
 setup: $(STAMP)
 	@bash launch/setup_vulkan.sh $(PY)
@@ -27,9 +27,6 @@ train: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
-
-bench: setup
-	$(PY) -m tests.benchmarks.run_all $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs bench_results .pytest_cache *.egg-info

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import random
 import shutil
+import os
 import sys
 import time
 from pathlib import Path
@@ -269,6 +270,12 @@ def main() -> None:
     rec.update(world=world, init_s=t_init, phase_s=time.perf_counter() - t0)
     torch.save(rec, out / f"rank{rank}.pt")
     ds_engine.close_distributed()
+    # Results are saved and the process group is down. Skip interpreter teardown: a library
+    # thread still alive there can abort the process ("terminate called without an active
+    # exception") on a loaded machine, which would turn a finished phase into a failure.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
