@@ -62,12 +62,19 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
                    action_dim=cfg.policy.action_dim)
     generator = torch.Generator(device=cfg.actor.device).manual_seed(cfg.actor.seed + seed)
     tokenize = rollout.InstructionCache(policy)
-    per_version = _segments_per_version(cfg)
+    per_version = _segments_per_version(cfg, len(welcome["trajectory_endpoints"]))
     log.info("actor %s: %d envs of %s, policy on %s", actor_id, env.num_envs, cfg.env.id, cfg.actor.device)
 
     version, state, seq, sent_at_version = -1, rollout.start(env), 0, 0
+    rejoins = client.rejoins
     try:
         while not stop.is_set() and not client.finished and (max_segments is None or seq < max_segments):
+            if client.rejoins != rejoins:
+                # The learner restarted (e.g. resumed from a checkpoint): its versions may be lower
+                # than ours, so take whatever it publishes next.
+                rejoins, version = client.rejoins, -1
+                weights.reset()
+                log.info("actor %s: learner restarted; rejoined, waiting for its weights", actor_id)
             # Swap weights only between segments, so a segment comes from one version.
             if cfg.launch.sync and sent_at_version >= per_version:
                 new = weights.wait_newer(version, timeout=1.0)
@@ -87,6 +94,8 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
                     "env_steps": info["env_steps"], "act_s": info["act_s"], "env_s": info["env_s"]}
             if not sender.send(transport.Segment(meta=meta, arrays=arrays), stop=stop):
                 break
+            if seq == 0:
+                log.info("actor %s: first segment sent (policy version %d)", actor_id, version)
             seq += 1
             sent_at_version += 1
     finally:
@@ -97,10 +106,13 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
     return 0
 
 
-def _segments_per_version(cfg: Config) -> int:
-    """--sync: each local actor sends its share of one batch, then waits for the next weights."""
+def _segments_per_version(cfg: Config, num_ranks: int) -> int:
+    """--sync: how many segments each local actor sends per weight version. Segments go round-robin
+    to the learner ranks, so sending k segments per rank gives every rank k from each actor; k is
+    the least that fills a rank's share of the batch."""
     producers = max(1, cfg.launch.num_local_actors) * cfg.actor.num_envs
-    return max(1, -(-cfg.learner.batch_trajectories // producers))
+    per_rank = -(-cfg.learner.batch_trajectories // num_ranks)
+    return num_ranks * max(1, -(-per_rank // producers))
 
 
 def _policy_dir(spec: dict, client) -> tuple[str, str | None]:

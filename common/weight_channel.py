@@ -153,7 +153,7 @@ class WeightSubscriber:
 
     Each version is handed out once (then forgotten here, so its memory goes with the caller):
     `poll_newest(newer_than=v)` returns (version, tensors) or None at once; `wait_newer(v,
-    timeout)` waits for one. Tensors are numpy arrays viewing the received frames (bf16 arrives
+    timeout)` waits for one; `reset()` starts over after a learner restart. Tensors are numpy arrays viewing the received frames (bf16 arrives
     as float32).
     """
 
@@ -182,6 +182,11 @@ class WeightSubscriber:
             self._cond.wait_for(
                 lambda: self._closed or (self._newest is not None and self._newest[0] > version), timeout)
             return self._take(version)
+
+    def reset(self) -> None:
+        """Forget the versions seen: after a learner restart its versions may start lower again."""
+        with self._cond:
+            self._newest, self.version = None, -1
 
     def close(self) -> None:
         with self._cond:

@@ -292,6 +292,23 @@ def load(engine, ckpt_dir, load_optimizer: bool = True) -> dict:
     return state[CLIENT_KEY]
 
 
+def read_client_state(ckpt_dir) -> dict:
+    """The client_state of a complete checkpoint, read from rank 0's file without an engine
+    (tensors on the CPU). Raises CheckpointError like `load`."""
+    tag_dir = resolve(ckpt_dir)
+    files = sorted(tag_dir.glob("*mp_rank_00_model_states.pt"))
+    if not files:
+        raise CheckpointError(f"checkpoint '{tag_dir}' has no rank-0 model states file")
+    try:
+        state = torch.load(files[0], map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise CheckpointError(f"checkpoint file '{files[0]}' could not be read: {type(e).__name__}: {e}") from e
+    if CLIENT_KEY not in state:
+        raise CheckpointError(f"checkpoint '{tag_dir}' holds no training state of this program "
+                              f"(key '{CLIENT_KEY}' missing)")
+    return state[CLIENT_KEY]
+
+
 def _check_compatible(engine, tag_dir: Path, world: int) -> str | None:
     meta = read_marker(tag_dir)
     if getattr(engine, "_asyncvla_saved", False) and engine.zero_optimization_stage() == 3:

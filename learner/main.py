@@ -56,10 +56,10 @@ def run(cfg: Config) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     device = _device()
     stop = stop_on_signals()
-    resume_from = checkpoint.find_latest(cfg.checkpoint.resume) if cfg.checkpoint.resume else None
-    if cfg.checkpoint.resume and resume_from is None:
-        raise SystemExit(f"asyncvla learner: checkpoint.resume={cfg.checkpoint.resume!r}: no complete "
-                         "checkpoint found there")
+    try:
+        resume_from = checkpoint.resolve(cfg.checkpoint.resume) if cfg.checkpoint.resume else None
+    except checkpoint.CheckpointError as e:
+        raise SystemExit(f"asyncvla learner: checkpoint.resume: {e}")
     run_dir = _run_dir(cfg, resume_from)
     cols_per_rank = _check_geometry(cfg, world)
 
@@ -75,7 +75,10 @@ def run(cfg: Config) -> int:
     step, version, env_steps = 0, 0, 0
     ema = EmaPublisher(cfg.learner.rollout_ema_decay) if rank == 0 else None
     if resume_from is not None:
-        state = checkpoint.load(engine, resume_from)
+        try:
+            state = checkpoint.load(engine, resume_from)
+        except checkpoint.CheckpointError as e:
+            raise SystemExit(f"asyncvla learner: {e}")
         step, version, env_steps = state["step"], state["version"], state["env_steps"]
         checkpoint.set_rng_state(state["rng"])
         if ema is not None:
@@ -97,10 +100,16 @@ def run(cfg: Config) -> int:
             "weights_endpoint": weights.endpoint, "weight_version": version,
             "policy": {"path": str(policy_dir.resolve())}}, policy_dir=str(policy_dir))
         log.info("run dir %s; actors join at %s", run_dir, control.endpoint)
-    publish_s = _publish(engine, ema, weights, version)     # version 0, or the restored EMA weights
+    if resume_from is None:
+        publish_s = _publish(engine, ema, weights, version)     # version 0: the initial weights
+    else:
+        publish_s = 0.0
+        if ema is not None:   # rank 0 re-publishes the checkpoint's EMA weights exactly as saved
+            weights.publish(version, {k: v.numpy() for k, v in ema.published().items()})
 
     buffer = ColumnBuffer(cfg.learner.max_policy_lag)
     drops = Counter()
+    contributors: set[str] = set()        # actors whose segments were used since the last log
     while step < cfg.learner.max_steps and not stop.is_set():
         # ---- wait for this rank's share of the batch
         t0 = time.perf_counter()
@@ -112,7 +121,11 @@ def run(cfg: Config) -> int:
             if lag > cfg.learner.max_policy_lag:
                 drops["stale"] += 1
                 continue
+            if lag < 0:   # made before a restart by weights this learner never had
+                drops["future_version"] += 1
+                continue
             buffer.add(seg.arrays, int(seg.meta["policy_version"]))
+            contributors.add(seg.meta["actor_id"])
             metrics.add_segment(seg.arrays, lag)
             env_steps += int(seg.meta["env_steps"])
         if _any_rank(stop.is_set(), device):
@@ -140,6 +153,8 @@ def run(cfg: Config) -> int:
         drops.update(buffer.dropped)
         buffer.dropped.clear()
         scalars.update(_gather_drop_counts(drops, receiver.stats, device))
+        scalars["system/actors_contributing"] = float(len(set().union(*_all_gather(contributors))))
+        contributors.clear()
         if control is not None:
             scalars.update({f"system/actors_{k}": v for k, v in control.counts().items()})
         metrics.log(step, scalars, total_env_steps, samples=batch.num_columns * cfg.actor.rollout_length * world)

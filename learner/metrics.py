@@ -74,6 +74,7 @@ class Metrics:
         for k, v in out.items():
             if v is not None and np.isfinite(v):
                 self.writer.add_scalar(k, v, step)
+        self.writer.flush()        # an update takes seconds: flushing each one loses nothing on a crash
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             sr = out.get("env/episode_success")

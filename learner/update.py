@@ -98,12 +98,15 @@ def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device) -> dict
     flat = {k: targets[k].reshape(T * N, *targets[k].shape[2:])
             for k in ("behavior_logp", "old_values", "vs", "advantages", "rhos")}
     alg = cfg.algorithm
-    sums, count = defaultdict(float), 0
+    sums, count, ratio_max = defaultdict(float), 0, 0.0
     gen = torch.Generator().manual_seed(int(a["action_tokens"][0, 0, 0]) + N)   # same order on all ranks
     for _ in range(alg.update_epochs):
         order = torch.randperm(T * N, generator=gen).numpy()
         for mb in np.array_split(order, alg.num_minibatches):
             micro = list(_chunks(len(mb), cfg.learner.micro_batch_size))
+            # Normalise advantages over the whole minibatch, not per micro batch.
+            adv = flat["advantages"][torch.from_numpy(mb).to(device)]
+            adv_stats = (adv.mean(), adv.std(unbiased=False))
             for sl in micro:
                 idx = mb[sl]
                 out = engine(*_inputs({k: v[idx] for k, v in obs.items()}, tokens[idx], device),
@@ -118,15 +121,17 @@ def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device) -> dict
                     entropy_bonus=alg.entropy_bonus, value_loss_coef=alg.value_loss_coef,
                     value_loss_type=alg.value_loss_type, huber_delta=alg.huber_delta,
                     value_clip=alg.value_clip, normalize_advantages=alg.normalize_advantages,
-                    advantage_scale=alg.advantage_scale)
+                    advantage_scale=alg.advantage_scale, advantage_stats=adv_stats)
                 # DeepSpeed divides by gradient_accumulation_steps (= len(micro)); re-weight uneven
                 # micro batches so the minibatch loss is the mean over its samples.
                 engine.backward(loss * (len(idx) * len(micro) / len(mb)))
                 engine.step()
+                ratio_max = max(ratio_max, stats.pop("ratio_max"))
                 for k, v in stats.items():
                     sums[k] += v
                 count += 1
     out = {k: v / count for k, v in sums.items()}
+    out["ratio_max"] = ratio_max
     gn = engine.get_global_grad_norm() if hasattr(engine, "get_global_grad_norm") else None
     if gn is not None:
         out["grad_norm"] = float(gn)

@@ -1,0 +1,194 @@
+"""End to end, the system's promises, on real processes and sockets with a small backbone:
+
+* kill -9 of the learner, then resume: step, version and published weights continue (the
+  re-published weights are bit-equal to those published before the kill, which the checkpoint
+  holds), and standalone actors that keep running rejoin by themselves;
+* a standalone `asyncvla actor` started mid-run joins, contributes segments (visible in the
+  metrics) and leaves without disturbing the learner;
+* two ZeRO-3 learner ranks in --sync mode: with rollout_ema_decay=0 the published tensors equal
+  the full tensors consolidated from the sharded checkpoint, and the policy lag is 0.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from asyncvla.common.config import TransportConfig, load_config, to_yaml
+from asyncvla.common.weight_channel import WeightSubscriber
+from asyncvla.launch.train import learner_command
+from asyncvla.learner.checkpoint import read_client_state
+from tests.test_e2e import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL_BACKBONE = ["policy.backbone.text_layers=1", "policy.backbone.text_hidden_size=64",
+                  "policy.backbone.intermediate_size=128", "policy.backbone.vision_hidden_size=32",
+                  "policy.backbone.vision_layers=1", "policy.lora_rank=8", "policy.value_head_hidden=32"]
+
+
+def small_run(tmp_path, name: str, *extra: str) -> list[str]:
+    return [f"logging.output_dir={tmp_path}", f"logging.experiment_name={name}", "logging.progress=false",
+            "learner.batch_trajectories=4", "learner.micro_batch_size=16", "actor.num_envs=4",
+            "actor.rollout_length=4", "algorithm.num_minibatches=1", *SMALL_BACKBONE,
+            f"transport.control_port={free_port()}", f"transport.weights_port={free_port()}",
+            f"transport.trajectory_port={free_port()}", f"launch.master_port={free_port()}", *extra]
+
+
+def start(cmd: list[str], log: Path) -> subprocess.Popen:
+    """A child in its own session (so kill -9 reaches its whole tree), output to a log file."""
+    return subprocess.Popen(cmd, start_new_session=True, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def actor_cmd(cfg, actor_id: str) -> list[str]:
+    return [sys.executable, "-m", "asyncvla.launch.cli", "actor", "--learner",
+            f"tcp://127.0.0.1:{cfg.transport.control_port}", "--actor-id", actor_id, "--num-envs", "2"]
+
+
+def wait_for(predicate, timeout: float, what: str, procs=()):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        for p in procs:
+            assert p.poll() is None, f"a process ended (code {p.returncode}) while waiting for {what}"
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def complete(run: Path, step: int) -> bool:
+    return (run / "checkpoints" / f"step_{step:08d}" / "COMPLETE.json").exists()
+
+
+def latest_complete(run: Path) -> int:
+    done = [int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*") if (p / "COMPLETE.json").exists()]
+    return max(done, default=0)
+
+
+def scalars(run: Path, tag: str) -> dict[int, float]:
+    acc = EventAccumulator(str(run / "tb"), purge_orphaned_data=False)
+    acc.Reload()
+    return {e.step: e.value for e in acc.Scalars(tag)} if tag in acc.Tags()["scalars"] else {}
+
+
+class VersionWatcher:
+    """A weight subscriber in a thread that keeps every version it receives, in arrival order
+    (a version published while an older one is in flight may be skipped: only the newest is served)."""
+
+    def __init__(self, cfg):
+        self.sub = WeightSubscriber(f"tcp://127.0.0.1:{cfg.transport.weights_port}", TransportConfig())
+        self.seen: list[tuple[int, dict]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            got = self.sub.wait_newer(-1, timeout=0.2)
+            if got is not None:
+                self.seen.append((got[0], {k: np.array(v, copy=True) for k, v in got[1].items()}))
+
+    def versions(self) -> list[int]:
+        return [v for v, _ in self.seen]
+
+    def close(self):
+        self._stop.set()
+        self._thread.join()
+        self.sub.close()
+
+
+def test_kill9_resume_and_standalone_actors(tmp_path):
+    overrides = small_run(tmp_path, "resume", "learner.max_steps=200", "checkpoint.save_interval=2",
+                          "learner.rollout_ema_decay=0.5", "launch.num_local_actors=0")
+    cfg = load_config(str(REPO / "configs/pixel_task.yaml"), overrides)
+    run = tmp_path / "resume"
+    run.mkdir()
+    (run / "launch_config.yaml").write_text(to_yaml(cfg))
+    learner = start(learner_command(cfg, run / "launch_config.yaml"), tmp_path / "learner1.log")
+    actor1 = start(actor_cmd(cfg, "standalone-1"), tmp_path / "actor1.log")
+    watcher = VersionWatcher(cfg)
+    try:
+        # A second standalone actor joins after training began, contributes, then is killed.
+        wait_for(lambda: complete(run, 2), 240, "the step-2 checkpoint", [learner, actor1])
+        actor2 = start(actor_cmd(cfg, "standalone-2"), tmp_path / "actor2.log")
+        wait_for(lambda: "first segment sent" in (tmp_path / "actor2.log").read_text() or
+                 max(scalars(run, "system/actors_contributing").values(), default=0) >= 2,
+                 180, "the mid-run actor's segments", [learner, actor1])
+        os.killpg(actor2.pid, signal.SIGKILL)
+        actor2.wait()
+
+        # kill -9 the learner once a checkpoint newer than the mid-run join is complete.
+        target = latest_complete(run) + 2
+        wait_for(lambda: complete(run, target), 240, f"the step-{target} checkpoint", [learner, actor1])
+        os.killpg(learner.pid, signal.SIGKILL)
+        learner.wait()
+        saved = latest_complete(run)
+        state = read_client_state(run / "checkpoints" / f"step_{saved:08d}")
+        assert state["step"] == saved and state["version"] == saved
+
+        # Resume from the run directory with 3 more steps to go; actor 1 keeps running and must
+        # rejoin by itself.
+        cfg.checkpoint.resume = str(run)
+        cfg.learner.max_steps = end = saved + 3
+        (run / "resume_config.yaml").write_text(to_yaml(cfg))
+        learner = start(learner_command(cfg, run / "resume_config.yaml"), tmp_path / "learner2.log")
+        watcher.sub.reset()
+        n_before = len(watcher.seen)
+        wait_for(lambda: len(watcher.seen) > n_before, 240, "weights after the restart", [learner, actor1])
+        version, tensors = watcher.seen[n_before]
+        assert version == saved, (version, saved)             # the checkpoint's version, re-published
+        shadow = state["ema"]["shadow"]                        # ... with the checkpoint's EMA bits
+        assert tensors.keys() == shadow.keys()
+        for k, v in tensors.items():
+            np.testing.assert_array_equal(v, shadow[k].numpy(), err_msg=k)
+
+        assert learner.wait(timeout=300) == 0, (tmp_path / "learner2.log").read_text()[-3000:]
+        assert actor1.wait(timeout=60) == 0, (tmp_path / "actor1.log").read_text()[-3000:]
+    finally:
+        watcher.close()
+        for p in (learner, actor1):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+
+    assert "resumed from" in (tmp_path / "learner2.log").read_text()
+    steps = scalars(run, "rollout/version")
+    assert max(steps) == end and steps[end] == end, steps           # step and version continued
+    assert all(steps[s] == s for s in steps), steps
+    assert max(scalars(run, "system/actors_contributing").values()) >= 2
+    assert latest_complete(run) == end
+    assert "rejoined" in (tmp_path / "actor1.log").read_text().lower()
+
+
+def test_two_ranks_sync_publish_equals_consolidated_checkpoint(tmp_path):
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    # 2 ranks x (2 actors x 4 envs): each rank gets one segment from each actor per version.
+    overrides = small_run(tmp_path, "two_ranks", "learner.max_steps=3", "checkpoint.save_interval=1",
+                          "learner.batch_trajectories=16",
+                          "learner.rollout_ema_decay=0.0", "launch.num_local_actors=2")
+    cfg_path = REPO / "configs/pixel_task.yaml"
+    cfg = load_config(str(cfg_path), overrides)
+    train = start([sys.executable, "-m", "asyncvla.launch.cli", "train", str(cfg_path), *overrides,
+                   "--num-learner-ranks", "2", "--sync"], tmp_path / "train.log")
+    watcher = VersionWatcher(cfg)
+    try:
+        wait_for(lambda: any(v > 0 for v in watcher.versions()), 300, "a trained version", [train])
+        assert train.wait(timeout=300) == 0, (tmp_path / "train.log").read_text()[-4000:]
+    finally:
+        watcher.close()
+        if train.poll() is None:
+            os.killpg(train.pid, signal.SIGKILL)
+    run = tmp_path / "two_ranks"
+    version, published = next((v, t) for v, t in watcher.seen if v > 0)
+    full = get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints"), tag=f"step_{version:08d}")
+    assert published and set(published) <= set(full)
+    for k, v in published.items():
+        np.testing.assert_array_equal(v, full[k].detach().to(torch.float32).numpy(), err_msg=k)
+    lag = scalars(run, "rollout/policy_lag_max")
+    assert lag and max(lag.values()) == 0, lag                       # --sync: never off-policy
