@@ -80,6 +80,8 @@ def launch(cfg: Config) -> int:
                     actors[i] = children.start(f"actor-{i}", actor_command(control, i, keys))
                 else:
                     del actors[i]
+        if learner.returncode == 0:   # the learner told the actors it is done: let them finish
+            _wait_all(list(actors.values()), timeout=20.0)
         return learner.returncode
     finally:
         children.stop_all()
@@ -137,6 +139,15 @@ class Children:
             except subprocess.TimeoutExpired:
                 pass
             _signal_group(proc, signal.SIGKILL)   # the group may hold grandchildren (env workers)
+
+
+def _wait_all(procs: list[subprocess.Popen], timeout: float) -> None:
+    deadline = time.time() + timeout
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            return
 
 
 def _signal_group(proc: subprocess.Popen, sig) -> None:

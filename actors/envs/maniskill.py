@@ -334,7 +334,10 @@ class _Worker:
 
 
 def _worker_main(conn, spec: RunnerSpec) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent handles Ctrl-C and closes us
+    # The parent handles Ctrl-C and stop requests and closes us (a stop signal to the whole
+    # process group must not kill the env under an actor that is still finishing its segment).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import torch
     torch.set_num_threads(1)                       # tiny tensors; threads would only contend
     try:
