@@ -52,6 +52,20 @@ def actor_cmd(cfg, actor_id: str) -> list[str]:
             f"tcp://127.0.0.1:{cfg.transport.control_port}", "--actor-id", actor_id, "--num-envs", "2"]
 
 
+def stop(*procs) -> None:
+    """Stop what a failed test leaves running: SIGTERM first (`asyncvla train` then stops its
+    children, which live in their own sessions), SIGKILL for anything still there."""
+    for p in procs:
+        if p is not None and p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        if p is not None:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
 def wait_for(predicate, timeout: float, what: str, procs=()):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -113,6 +127,7 @@ def test_kill9_resume_and_standalone_actors(tmp_path):
     (run / "launch_config.yaml").write_text(to_yaml(cfg))
     learner = start(learner_command(cfg, run / "launch_config.yaml"), tmp_path / "learner1.log")
     actor1 = start(actor_cmd(cfg, "standalone-1"), tmp_path / "actor1.log")
+    actor2 = None
     watcher = VersionWatcher(cfg)
     try:
         # A second standalone actor joins after training began, contributes, then is killed.
@@ -153,9 +168,7 @@ def test_kill9_resume_and_standalone_actors(tmp_path):
         assert actor1.wait(timeout=60) == 0, (tmp_path / "actor1.log").read_text()[-3000:]
     finally:
         watcher.close()
-        for p in (learner, actor1):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+        stop(learner, actor1, actor2)
 
     assert "resumed from" in (tmp_path / "learner2.log").read_text()
     steps = scalars(run, "rollout/version")
@@ -182,8 +195,7 @@ def test_two_ranks_sync_publish_equals_consolidated_checkpoint(tmp_path):
         assert train.wait(timeout=300) == 0, (tmp_path / "train.log").read_text()[-4000:]
     finally:
         watcher.close()
-        if train.poll() is None:
-            os.killpg(train.pid, signal.SIGKILL)
+        stop(train)
     run = tmp_path / "two_ranks"
     version, published = next((v, t) for v, t in watcher.seen if v > 0)
     full = get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints"), tag=f"step_{version:08d}")
