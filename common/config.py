@@ -219,6 +219,8 @@ class EvalConfig:
     num_episodes: int = opt(8, "episodes per evaluation", ge=1)
     save_video: bool = opt(True, "write mp4 videos of evaluation episodes")
     greedy: bool = opt(True, "evaluate with the most likely action tokens")
+    final_eval_timeout_s: float = opt(300.0, "how long `asyncvla train` waits for the evaluation of "
+                                      "the last step after the learner ends", ge=0.0)
 
 
 # ------------------------------------------------------------------------------------ launch

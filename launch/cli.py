@@ -14,6 +14,8 @@ import sys
 SUBCOMMANDS = [
     "asyncvla.launch.train",
     "asyncvla.launch.actor_cmd",
+    "asyncvla.launch.eval_cmd",
+    "asyncvla.launch.export_cmd",
     "asyncvla.launch.config_cmd",
     "asyncvla.launch.keygen",
 ]

@@ -2,7 +2,8 @@
 
 Wiring only: it resolves the config once, starts
     deepspeed [--hostfile H | --num_gpus R] --master_port P --module asyncvla.learner.main RESOLVED.yaml
-and `launch.num_local_actors` actor processes that join the learner over ZeroMQ, restarts an
+and `launch.num_local_actors` actor processes that join the learner over ZeroMQ (plus, with
+`eval.eval_interval`, an evaluator process: launch/evaluator.py), restarts an
 actor that crashes (up to launch.max_actor_restarts), and when the learner ends — by its budget,
 a crash or Ctrl-C — stops every child. Each child runs in its own process group so nothing is
 orphaned.
@@ -65,6 +66,10 @@ def launch(cfg: Config) -> int:
     actors = {i: children.start(f"actor-{i}", actor_command(control, i, keys))
               for i in range(cfg.launch.num_local_actors)}
     restarts = {i: 0 for i in actors}
+    evaluator = None
+    if cfg.eval.eval_interval:
+        evaluator = children.start("evaluator", [sys.executable, "-m", "asyncvla.launch.evaluator",
+                                                 str(resolved), "--host", _connect_host(cfg)])
     print(f"asyncvla: run dir {run_dir}; tensorboard --logdir {run_dir / 'tb'}", flush=True)
     try:
         while learner.poll() is None:
@@ -82,6 +87,8 @@ def launch(cfg: Config) -> int:
                     del actors[i]
         if learner.returncode == 0:   # the learner told the actors it is done: let them finish
             _wait_all(list(actors.values()), timeout=20.0)
+            if evaluator is not None:   # ... and the evaluator its last evaluation
+                _wait_all([evaluator], timeout=cfg.eval.final_eval_timeout_s)
         return learner.returncode
     finally:
         children.stop_all()

@@ -5,8 +5,9 @@ WORLD_SIZE, ... in the environment, or with none of them for a lone rank).
 
 Phases: `train` (ZeRO-3 updates beside an un-sharded reference, gather, EMA, checkpoints),
 `resume` (a fresh run loads the newest checkpoint and takes the next update), `errors` (a single
-rank meets each kind of bad checkpoint). Each rank writes what it saw to OUT_DIR/<phase>_rank<r>.pt;
-the tests assert on those records.
+rank meets each kind of bad checkpoint), `policy` (a tiny VLAPolicy trained and checkpointed as
+the learner does it, for tests/test_eval_export.py). Each rank writes what it saw to
+OUT_DIR/<phase>_rank<r>.pt; the tests assert on those records.
 """
 
 from __future__ import annotations
@@ -250,6 +251,60 @@ def phase_errors(out: Path, rank: int, world: int) -> dict:
     return {"errors": errors, "bf16": bf16, "timeout": pg_timeout()}
 
 
+POLICY_OVERRIDES = [  # a tiny VLA for the pixel task: fast on CPU ranks
+    "env.id=PixelReach-v0", "policy.image_size=64", "policy.action_dim=2", "policy.num_action_chunks=4",
+    "policy.n_bins=32", "policy.lora_rank=4", "policy.value_head_hidden=32",
+    "policy.backbone.text_layers=1", "policy.backbone.text_hidden_size=64",
+    "policy.backbone.vision_hidden_size=32", "policy.backbone.vision_layers=1",
+    "policy.backbone.intermediate_size=128", "learner.micro_batch_size=4", "learner.lr=1e-2",
+    "learner.precision=fp32", "learner.rollout_ema_decay=0.5"]
+POLICY_UPDATES = 3
+
+
+def policy_batch(policy, rank: int):
+    """Fixed images, instructions and target action tokens (behaviour cloning), per rank."""
+    rng = np.random.default_rng(100 + rank)
+    image = rng.integers(0, 256, (MICRO, 64, 64, 3), dtype=np.uint8)
+    ids, mask = policy.tokenize(["move the white dot to the red square", "go to the blue square"] * 2)
+    bins = rng.integers(0, policy.cfg.n_bins, (MICRO, policy.num_action_tokens))
+    return image, ids, mask, bins + policy.action_tokenizer.first_id
+
+
+def phase_policy(out: Path, rank: int, world: int) -> dict:
+    """Like the learner: rank 0 writes policy_init/, every rank loads it into a ZeRO-3 engine; a few
+    updates, each followed by gather + EMA; then a checkpoint with the learner's client_state."""
+    from asyncvla.common.config import load_config
+    from asyncvla.common.policy import VLAPolicy
+
+    cfg = load_config(None, POLICY_OVERRIDES)
+    run_dir = out / "run"
+    torch.manual_seed(cfg.actor.seed)
+    if rank == 0:
+        VLAPolicy.build(cfg.policy).save_pretrained(str(run_dir / "policy_init"))
+    dist.barrier()
+    policy = VLAPolicy.from_pretrained(str(run_dir / "policy_init"))
+    ds = ds_engine.build_ds_config(cfg, world, 1)
+    ds["zero_optimization"]["stage3_param_persistence_threshold"] = 0    # shard every tensor
+    engine = ds_engine.build_engine(policy, cfg, 1, ds_config=ds)
+    ema = EmaPublisher(cfg.learner.rollout_ema_decay) if rank == 0 else None
+    gathered = gather_trainable(engine)
+    if ema:
+        ema.update(gathered)
+    image, ids, mask, tokens = policy_batch(policy, rank)
+    for _ in range(POLICY_UPDATES):
+        o = engine(image, ids, mask, None, tokens)
+        engine.backward(-o.logprobs.mean() + o.values.square().mean())
+        engine.step()
+        gathered = gather_trainable(engine)
+        if ema:
+            ema.update(gathered)
+    state = {"step": POLICY_UPDATES, "version": POLICY_UPDATES, "env_steps": 0, "rng": checkpoint.rng_state(),
+             "config": to_dict(cfg), "ema": ema.state_dict() if ema else None}
+    tag_dir = checkpoint.save(engine, run_dir, POLICY_UPDATES, state)
+    return {"tag_dir": str(tag_dir), "trained": gathered, "ema": ema.published() if ema else None,
+            "partitioned": all(p.numel() == 0 for p in engine.module.parameters())}
+
+
 def pg_timeout():
     """The default process group's collective time-out (a torch internal: None if it moved)."""
     try:
@@ -266,7 +321,8 @@ def main() -> None:
     ds_engine.init_distributed(make_config())
     rank, world = dist.get_rank(), dist.get_world_size()
     t_init = time.perf_counter() - t0
-    rec = {"train": phase_train, "resume": phase_resume, "errors": phase_errors}[phase](out, rank, world)
+    rec = {"train": phase_train, "resume": phase_resume, "errors": phase_errors,
+           "policy": phase_policy}[phase](out, rank, world)
     rec.update(world=world, init_s=t_init, phase_s=time.perf_counter() - t0)
     torch.save(rec, out / f"rank{rank}.pt")
     ds_engine.close_distributed()

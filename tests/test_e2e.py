@@ -1,5 +1,6 @@
 """End to end, small: `asyncvla train` on the pixel task with a DeepSpeed ZeRO-3 learner and a local
-actor process over ZeroMQ; it must train, publish, log to tensorboard, checkpoint and stop by itself."""
+actor process over ZeroMQ; it must train, publish, log to tensorboard, checkpoint, evaluate the
+published policy and stop by itself."""
 
 import json
 import socket
@@ -23,6 +24,7 @@ def test_train_pixel_task_end_to_end(tmp_path):
                  "learner.max_steps=3", "learner.batch_trajectories=4", "learner.micro_batch_size=16",
                  "actor.num_envs=4", "actor.rollout_length=4", "checkpoint.save_interval=2",
                  "launch.num_local_actors=1", "algorithm.num_minibatches=1",
+                 "eval.eval_interval=2", "eval.num_episodes=2",
                  f"transport.control_port={free_port()}", f"transport.weights_port={free_port()}",
                  f"transport.trajectory_port={free_port()}", f"launch.master_port={free_port()}"]
     r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "train",
@@ -44,3 +46,8 @@ def test_train_pixel_task_end_to_end(tmp_path):
     versions = [e.value for e in acc.Scalars("rollout/version")]
     assert versions == [1, 2, 3]
     assert json.loads((run / "checkpoints" / "step_00000003" / "COMPLETE.json").read_text())
+    # The evaluator process evaluated the published policy at least at the last step.
+    summary = json.loads((run / "eval" / "step_00000003" / "summary.json").read_text())
+    assert summary["num_episodes"] == 2 and summary["step"] == 3
+    assert len(list((run / "eval" / "step_00000003").glob("*.mp4"))) == 2
+    assert 3 in [e.step for e in acc.Scalars("eval/success_rate")]
