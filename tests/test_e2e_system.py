@@ -183,18 +183,23 @@ def test_two_ranks_sync_publish_equals_consolidated_checkpoint(tmp_path):
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     # 2 ranks x (2 actors x 4 envs): each rank gets one segment from each actor per version.
     overrides = small_run(tmp_path, "two_ranks", "learner.max_steps=3", "checkpoint.save_interval=1",
-                          "learner.batch_trajectories=16",
+                          "learner.batch_trajectories=16", "checkpoint.keep_last=10",
                           "learner.rollout_ema_decay=0.0", "launch.num_local_actors=2")
     cfg_path = REPO / "configs/pixel_task.yaml"
     cfg = load_config(str(cfg_path), overrides)
     train = start([sys.executable, "-m", "asyncvla.launch.cli", "train", str(cfg_path), *overrides,
                    "--num-learner-ranks", "2", "--sync"], tmp_path / "train.log")
-    watcher = VersionWatcher(cfg)
+    watcher = None
     try:
+        # Subscribe once the weight server is up (a socket that has been retrying for a while
+        # backs off, and the 3 small updates take about a second).
+        wait_for(lambda: "actors join at" in (tmp_path / "train.log").read_text(), 300, "the learner", [train])
+        watcher = VersionWatcher(cfg)
         wait_for(lambda: any(v > 0 for v in watcher.versions()), 300, "a trained version", [train])
         assert train.wait(timeout=300) == 0, (tmp_path / "train.log").read_text()[-4000:]
     finally:
-        watcher.close()
+        if watcher is not None:
+            watcher.close()
         stop(train)
     run = tmp_path / "two_ranks"
     version, published = next((v, t) for v, t in watcher.seen if v > 0)
