@@ -63,6 +63,10 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
     generator = torch.Generator(device=cfg.actor.device).manual_seed(cfg.actor.seed + seed)
     tokenize = rollout.InstructionCache(policy)
     per_version = _segments_per_version(cfg, len(welcome["trajectory_endpoints"]))
+    in_flight = cfg.actor.max_segments_in_flight
+    in_flight = per_version if in_flight is None else in_flight
+    if cfg.actor.backpressure != "block":
+        in_flight = 0                # drop_oldest never waits
     log.info("actor %s: %d envs of %s, policy on %s", actor_id, env.num_envs, cfg.env.id, cfg.actor.device)
 
     version, state, seq, sent_at_version = -1, rollout.start(env), 0, 0
@@ -74,7 +78,13 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
                 # than ours, so take whatever it publishes next.
                 rejoins, version = client.rejoins, -1
                 weights.reset()
+                sender.forget_in_flight()
                 log.info("actor %s: learner restarted; rejoined, waiting for its weights", actor_id)
+            # Collect only when the learner has taken all but `in_flight` of what we sent (then
+            # take the newest weights): a queued segment waits a whole update, and is one version
+            # older when it is used.
+            if in_flight and not sender.wait_for_room(in_flight, timeout=1.0, stop=stop):
+                continue
             # Swap weights only between segments, so a segment comes from one version.
             if cfg.launch.sync and sent_at_version >= per_version:
                 new = weights.wait_newer(version, timeout=1.0)
@@ -107,7 +117,8 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
 
 
 def _segments_per_version(cfg: Config, num_ranks: int) -> int:
-    """--sync: how many segments each local actor sends per weight version. Segments go round-robin
+    """One update's share of each local actor, in segments: what --sync sends per weight version,
+    and the default bound on segments in flight. Segments go round-robin
     to the learner ranks, so sending k segments per rank gives every rank k from each actor; k is
     the least that fills a rank's share of the batch."""
     producers = max(1, cfg.launch.num_local_actors) * cfg.actor.num_envs

@@ -114,6 +114,10 @@ class ActorConfig:
     device: str = opt("cpu", "torch device of the actor's policy copy (cpu, cuda, cuda:1, ...)")
     backpressure: str = opt("block", "when the learner is slow: block the actor, or drop its oldest "
                             "unsent segment (counted)", choices=["block", "drop_oldest"])
+    max_segments_in_flight: Optional[int] = opt(
+        None, "block mode: segments sent but not yet taken by the learner, beyond which the actor "
+        "waits before collecting another; each queued segment adds a version of policy lag "
+        "(null: this actor's share of one update, as in --sync; 0: no limit)", ge=0)
     seed: int = opt(0, "base seed of the action sampler", ge=0)
 
 

@@ -1,7 +1,8 @@
 """ZeroMQ transport between actors and the learner.
 
-    trajectories  actor TrajectorySender (PUSH, connected to every rank)
-                      -> learner rank r TrajectoryReceiver (PULL on trajectory_port + r)
+    trajectories  actor TrajectorySender (DEALER, connected to every rank)
+                      -> learner rank r TrajectoryReceiver (ROUTER on trajectory_port + r)
+                      <- an empty ack frame for each segment the rank takes
     weights       learner rank 0 WeightServer (ROUTER on weights_port)
                       <- actor WeightSubscriber (DEALER; "newer than v?" long polls)
     control       learner rank 0 ControlServer (ROUTER on control_port)
@@ -12,6 +13,9 @@ every received one is validated, and an invalid one is dropped, counted per reas
 and logged at a bounded rate. Endpoints are tcp://HOST:PORT or ipc://PATH; the servers take an
 explicit `endpoint=` (tests, ipc) instead of the configured port. Queues are bounded: a slow
 learner pushes back on its actors, which block or drop their oldest unsent segment (counted).
+ZeroMQ and kernel buffers still hold several segments per actor, and every queued segment is one
+more version of policy lag; so a rank acks each segment it takes, and an actor that has
+`in_flight` segments not yet taken waits (`wait_for_room`) before collecting another.
 Keys (CURVE) and the public-bind rule: see common/sockets.py.
 """
 
@@ -34,19 +38,20 @@ BACKPRESSURE = ("block", "drop_oldest")
 
 
 class TrajectoryReceiver:
-    """One learner rank's inbox: PULL bound on trajectory_port + rank (or `endpoint`).
-    `recv` returns validated segments whose arrays view the received frames."""
+    """One learner rank's inbox: ROUTER bound on trajectory_port + rank (or `endpoint`).
+    `recv` returns validated segments whose arrays view the received frames, and acks each
+    message it takes (valid or not) to its sender."""
 
     def __init__(self, tcfg, rank: int, spec: SegmentSpec, endpoint: str | None = None):
         self.spec = spec
         self._node = Node(tcfg, server=True)
         try:
-            self._pull = self._node.socket(zmq.PULL, bind=endpoint or bind_endpoint(
+            self._router = self._node.socket(zmq.ROUTER, bind=endpoint or bind_endpoint(
                 tcfg, tcfg.trajectory_port + rank), RCVHWM=tcfg.recv_hwm)
         except BaseException:
             self._node.close(0)
             raise
-        self.endpoint = advertised(tcfg, bound_endpoint(self._pull))
+        self.endpoint = advertised(tcfg, bound_endpoint(self._router))
         self._limits = Limits.for_kind(SEGMENT, tcfg.max_message_mb)
         self.stats = {"received": 0, "bytes": 0, "invalid": Counter()}
         self._drop_log = DropLog(f"trajectory receiver (rank {rank})")
@@ -56,9 +61,10 @@ class TrajectoryReceiver:
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
         while True:
             wait = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            if not self._pull.poll(wait):
+            if not self._router.poll(wait):
                 return None
-            frames = self._pull.recv_multipart(copy=False)
+            sender, *frames = self._router.recv_multipart(copy=False)
+            self._ack(sender)
             try:
                 segment = decode_segment(frames, self.spec, self._limits)
             except ValidationError as e:
@@ -74,10 +80,17 @@ class TrajectoryReceiver:
     def close(self) -> None:
         self._node.close(0)
 
+    def _ack(self, sender) -> None:
+        try:
+            self._router.send_multipart([sender, b""], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:          # the actor left, or its inbox is full: it re-syncs on rejoin
+            pass
+
 
 class TrajectorySender:
-    """An actor's outbox: one PUSH connected to every learner rank; ZeroMQ spreads segments over
-    the ranks whose queues have room.
+    """An actor's outbox: one DEALER connected to every learner rank; ZeroMQ spreads segments over
+    the ranks whose queues have room, and each rank acks the segments it takes (`in_flight` counts
+    those not yet acked; `wait_for_room` bounds it).
 
     backpressure="block": `send` waits until some rank has room (optionally bounded by
     `timeout`/`stop`, then returns False and the caller keeps the segment).
@@ -97,12 +110,13 @@ class TrajectorySender:
         self.backpressure = backpressure
         self._linger_s = tcfg.linger_ms / 1000
         self._node = Node(tcfg, server=False)
-        self._push = self._node.socket(zmq.PUSH, connect=endpoints, SNDHWM=tcfg.send_hwm)
+        self._dealer = self._node.socket(zmq.DEALER, connect=endpoints, SNDHWM=tcfg.send_hwm)
         self._sndtimeo = -1
         self._pending: deque[list] = deque()
         self._max_pending = tcfg.send_hwm
         self.sent = 0
         self.dropped = 0
+        self.acked = 0
 
     @property
     def pending(self) -> int:
@@ -110,7 +124,28 @@ class TrajectorySender:
 
     @property
     def stats(self) -> dict:
-        return {"sent": self.sent, "dropped": self.dropped, "pending": self.pending}
+        return {"sent": self.sent, "dropped": self.dropped, "pending": self.pending, "acked": self.acked}
+
+    @property
+    def in_flight(self) -> int:
+        """Segments sent that no learner rank has taken yet (as far as the acks so far tell)."""
+        self._read_acks()
+        return self.sent - self.acked
+
+    def wait_for_room(self, limit: int, timeout: float | None = None, stop=None) -> bool:
+        """Wait until fewer than `limit` segments are in flight. False when `timeout` passed or
+        `stop` was set first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.in_flight >= limit:
+            if (stop is not None and stop.is_set()) or (deadline is not None and time.monotonic() >= deadline):
+                return False
+            self._dealer.poll(_wait_slice_ms(deadline, stop), zmq.POLLIN)
+        return True
+
+    def forget_in_flight(self) -> None:
+        """The learner restarted: acks for what the old one held will never come."""
+        self._read_acks()
+        self.acked = self.sent
 
     def send(self, segment: Segment, timeout: float | None = None, stop=None) -> bool:
         """Hand a segment to the transport. Returns False only in block mode when `timeout`
@@ -139,7 +174,7 @@ class TrajectorySender:
         while self._flush_nowait():
             if deadline is not None and time.monotonic() >= deadline:
                 return False
-            self._push.poll(50, zmq.POLLOUT)
+            self._dealer.poll(50, zmq.POLLOUT)
         return True
 
     def close(self) -> None:
@@ -149,6 +184,11 @@ class TrajectorySender:
         self._pending.clear()
         self._node.close()
 
+    def _read_acks(self) -> None:
+        while self._dealer.poll(0, zmq.POLLIN):
+            self._dealer.recv(copy=False)
+            self.acked += 1
+
     def _flush_nowait(self) -> int:
         while self._pending and self._try_send(self._pending[0]):
             self._pending.popleft()
@@ -157,9 +197,9 @@ class TrajectorySender:
     def _try_send(self, frames: list, wait_ms: int = 0) -> bool:
         """Send within wait_ms (0: only if there is room now; -1: as long as it takes)."""
         if wait_ms != self._sndtimeo:
-            self._push.sndtimeo = self._sndtimeo = wait_ms
+            self._dealer.sndtimeo = self._sndtimeo = wait_ms
         try:
-            self._push.send_multipart(frames, copy=False)
+            self._dealer.send_multipart(frames, copy=False)
         except zmq.Again:
             return False
         self.sent += 1

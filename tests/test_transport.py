@@ -108,6 +108,33 @@ def test_segments_spread_over_learner_ranks():
             r.close()
 
 
+def test_in_flight_counts_segments_until_a_rank_takes_them():
+    spec = make_spec(T=2, B=1, H=8, L=4)
+    cfg = tcfg()
+    ranks = [transport.TrajectoryReceiver(cfg, r, spec, endpoint="tcp://127.0.0.1:*") for r in range(2)]
+    sender = transport.TrajectorySender([r.endpoint for r in ranks], cfg)
+    try:
+        wait_until(lambda: False, timeout=0.3)        # let both connections complete
+        for i in range(3):
+            assert sender.send(make_segment(spec, B=1, seq=i, truncations=0))
+        time.sleep(0.2)                               # delivered, but no rank has taken one
+        assert sender.in_flight == 3
+        assert not sender.wait_for_room(3, timeout=0.2)
+        taken, deadline = 0, time.monotonic() + 10
+        while taken < 2 and time.monotonic() < deadline:     # two taken, by the ranks that hold them
+            for rx in ranks:
+                if taken < 2 and rx.recv(timeout_ms=10) is not None:
+                    taken += 1
+        assert sender.wait_for_room(2, timeout=5.0)   # the acks arrive
+        assert sender.in_flight == 1 and not sender.wait_for_room(1, timeout=0.2)
+        sender.forget_in_flight()                     # a learner restart: nothing is owed any more
+        assert sender.in_flight == 0 and sender.wait_for_room(1, timeout=0)
+    finally:
+        sender.close()
+        for r in ranks:
+            r.close()
+
+
 def _fuzz_messages(spec, count, rng):
     """(frames, kind) pairs: kind 'good' (valid, checked on arrival), 'flip' (a random header
     byte flipped: usually invalid, may by chance stay valid) or 'bad' (invalid by construction)."""
@@ -180,9 +207,9 @@ def test_fuzzed_messages_are_counted_and_valid_ones_arrive_intact(caplog):
             errors.append(e)
 
     ctx = zmq.Context()
-    push = ctx.socket(zmq.PUSH)
-    oversize = ctx.socket(zmq.PUSH)     # frames over MAXMSGSIZE: ZeroMQ cuts that connection
-    for s in (push, oversize):
+    dealer = ctx.socket(zmq.DEALER)
+    oversize = ctx.socket(zmq.DEALER)     # frames over MAXMSGSIZE: ZeroMQ cuts that connection
+    for s in (dealer, oversize):
         s.linger = 1000
         s.connect(receiver.endpoint)
     thread = threading.Thread(target=drain)
@@ -193,7 +220,7 @@ def test_fuzzed_messages_are_counted_and_valid_ones_arrive_intact(caplog):
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="asyncvla.transport"):
         for i, (frames, kind, dig) in enumerate(_fuzz_messages(spec, count, rng)):
-            push.send_multipart(frames)
+            dealer.send_multipart(frames)
             if kind == "good":
                 sent["good"][i] = dig
             else:
@@ -204,7 +231,7 @@ def test_fuzzed_messages_are_counted_and_valid_ones_arrive_intact(caplog):
         time.sleep(0.2)
         done.set()
         thread.join()
-    push.close()
+    dealer.close()
     oversize.close()
     ctx.term()
     receiver.close()
