@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 # pytest options, e.g. `make test PYTEST_ARGS="-k transport"`
 PYTEST_ARGS ?=
 
-.PHONY: setup train test clean
+.PHONY: setup train test bench clean
 
 setup: $(STAMP)
 	@bash launch/setup_vulkan.sh $(PY)
@@ -27,6 +27,11 @@ train: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Performance figures beside their baselines and goals (issue #9): one table, and the JSON in
+# bench_results/bench.json. ~10 minutes on 2 CPU cores; `make bench ARGS=--quick` takes ~5.
+bench: setup
+	$(PY) -m tests.benchmarks.run_all $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs bench_results .pytest_cache *.egg-info

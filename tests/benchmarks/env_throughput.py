@@ -10,10 +10,7 @@ physics, software renderer, 128 px camera resized to 64) with 1 env (in process)
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
+import sys
 import time
 
 import numpy as np
@@ -21,6 +18,7 @@ import numpy as np
 from asyncvla.actors.envs import make_env
 from asyncvla.actors.envs.pixel_task import scripted_actions
 from asyncvla.common.config import EnvConfig
+from tests.benchmarks.report import Figure, main
 
 IMAGE_SIZE = 64
 PIXEL_ENVS = (1, 8, 64)
@@ -28,8 +26,7 @@ MANISKILL_ENVS = (1, 2)
 
 
 def run(quick: bool = False) -> dict:
-    results = {"quick": quick, "cpus": os.cpu_count(), "python": platform.python_version(),
-               "image_size": IMAGE_SIZE, "pixel": [], "maniskill": []}
+    results = {"image_size": IMAGE_SIZE, "pixel": [], "maniskill": []}
     pixel_steps = 20_000 if quick else 100_000
     for num_envs in PIXEL_ENVS:
         for K in (1, 4):
@@ -83,30 +80,19 @@ def _pixel_success_rates(episodes: int) -> dict:
     return rates
 
 
-def print_table(results: dict) -> None:
-    print(f"env throughput ({results['cpus']} CPUs, {results['image_size']} px images, random actions)")
-    print(f"{'env':<15}{'envs':>5}{'K':>3}{'steps/s':>11}{'per env':>10}{'create s':>10}")
+def figures(results: dict) -> list[Figure]:
+    out = []
     for row in results["pixel"] + results["maniskill"]:
-        create = f"{row['create_s']:>10.1f}" if "create_s" in row else f"{'':>10}"
-        print(f"{row['env']:<15}{row['num_envs']:>5}{row['K']:>3}{row['steps_per_s']:>11.1f}"
-              f"{row['steps_per_s_per_env']:>10.1f}{create}")
+        note = f"{row['steps_per_s_per_env']:.1f} per env"
+        if "create_s" in row:
+            note += f"; created in {row['create_s']:.1f} s"
+        out.append(Figure("env throughput", f"{row['env']} {row['num_envs']} env(s) K={row['K']} steps/s",
+                          row["steps_per_s"], "/s", note=note))
     for name, r in results["pixel_success"].items():
-        print(f"PixelReach-v0 {name} policy: success {100 * r['success_rate']:.1f}% over "
-              f"{r['episodes']} episodes (mean length {r['mean_length']:.1f} steps)")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short runs (< 2 minutes)")
-    parser.add_argument("--out", default="bench_results/env_throughput.json", help="JSON output path")
-    args = parser.parse_args()
-    results = run(args.quick)
-    print_table(results)
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"wrote {args.out}")
+        out.append(Figure("env throughput", f"PixelReach-v0 {name} policy success", r["success_rate"], "%",
+                          note=f"{r['episodes']} episodes, mean length {r['mean_length']:.1f} steps"))
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.modules[__name__])

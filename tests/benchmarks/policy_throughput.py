@@ -5,14 +5,12 @@ evaluate(): samples per second of forward + backward (the learner's inner step) 
 Also the size of what weight publishing ships: trainable_state_dict() of the tiny model, and the
 same figure computed for a 7B-class backbone (Llama-2-7B text dims) at the configured LoRA rank.
 
-    python tests/benchmarks/policy_throughput.py [--quick] [--out bench_results/policy_throughput.json]
+    python -m tests.benchmarks.policy_throughput [--quick] [--out bench_results/policy_throughput.json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
+import sys
 import time
 
 import numpy as np
@@ -20,6 +18,7 @@ import torch
 
 from asyncvla.common.config import PolicyConfig
 from asyncvla.common.policy import VLAPolicy
+from tests.benchmarks.report import Figure, best_of, main
 
 ACT_BATCHES = (1, 8, 32)
 EVAL_BATCHES = (8, 32)
@@ -40,7 +39,7 @@ def run(quick: bool = False) -> dict:
         image, ids, mask = _batch(policy, b)
         gen = torch.Generator().manual_seed(0)
         policy.act(image, ids, mask, generator=gen)  # warm-up
-        sec = _best_of(repeats, lambda: policy.act(image, ids, mask, generator=gen))
+        sec = best_of(repeats, lambda: policy.act(image, ids, mask, generator=gen))
         results["act"][f"batch_{b}"] = {"seconds_per_call": round(sec, 4), "actions_per_s": round(b / sec, 2),
                                         "env_steps_per_s": round(b * k / sec, 2)}
 
@@ -54,7 +53,7 @@ def run(quick: bool = False) -> dict:
             (-(out.logprobs.sum()) + out.values.square().sum()).backward()
             policy.zero_grad(set_to_none=True)
         step()  # warm-up
-        sec = _best_of(repeats, step)
+        sec = best_of(repeats, step)
         results["evaluate"][f"batch_{b}"] = {"seconds_per_step": round(sec, 4),
                                              "samples_per_s": round(b / sec, 2)}
 
@@ -86,36 +85,19 @@ def _batch(policy, b: int):
     return image, ids, mask
 
 
-def _best_of(n: int, fn) -> float:
-    best = float("inf")
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer repeats (under 2 minutes)")
-    ap.add_argument("--out", default="bench_results/policy_throughput.json")
-    args = ap.parse_args()
-    results = run(args.quick)
+def figures(results: dict) -> list[Figure]:
+    out = []
     for b, r in results["act"].items():
-        print(f"act        {b:>9}: {r['actions_per_s']:8.2f} actions/s  "
-              f"({r['env_steps_per_s']:.1f} env steps/s, {r['seconds_per_call'] * 1e3:.1f} ms/call)")
+        out.append(Figure("policy (tiny VLA)", f"act() {b} actions/s", r["actions_per_s"], "/s",
+                          note=f"{r['env_steps_per_s']:.1f} env steps/s, {r['seconds_per_call'] * 1e3:.1f} ms/call"))
     for b, r in results["evaluate"].items():
-        print(f"evaluate   {b:>9}: {r['samples_per_s']:8.2f} samples/s "
-              f"(fwd+bwd, {r['seconds_per_step'] * 1e3:.1f} ms/step)")
+        out.append(Figure("policy (tiny VLA)", f"evaluate() fwd+bwd {b} samples/s", r["samples_per_s"], "/s",
+                          note=f"{r['seconds_per_step'] * 1e3:.1f} ms/step"))
     for name, r in results["trainable_state_dict"].items():
-        size = r.get("bytes", r.get("bytes_fp32"))
-        print(f"trainable_state_dict {name}: {r['tensors']} tensors, {r['parameters']:,} parameters, "
-              f"{size / 2**20:.2f} MiB (fp32)")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"wrote {args.out}")
+        out.append(Figure("policy (tiny VLA)", f"published weights, {name}", r.get("bytes", r.get("bytes_fp32")),
+                          "MB", note=f"{r['tensors']} tensors, {r['parameters']:,} parameters, fp32"))
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.modules[__name__])

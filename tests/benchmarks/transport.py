@@ -15,12 +15,9 @@ at once.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import multiprocessing as mp
-import os
-import platform
+import sys
 import threading
 import time
 
@@ -32,14 +29,14 @@ from asyncvla.common import protocol as P
 from asyncvla.common import transport
 from asyncvla.common.config import TransportConfig
 from asyncvla.common.protocol import Segment, SegmentSpec
+from tests.benchmarks.report import Figure, at_least, main
 
 T, B, L, K, D = 4, 2, 32, 4, 7
 TARGETS = [("64KB", 64 << 10), ("1MB", 1 << 20), ("8MB", 8 << 20), ("32MB", 32 << 20)]
 
 
 def run(quick: bool = False) -> dict:
-    results = {"quick": quick, "cpus": os.cpu_count(), "python": platform.python_version(),
-               "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(), "throughput": [], "weights": []}
+    results = {"throughput": [], "weights": []}
     budget = (128 if quick else 1024) << 20          # bytes per measured run
     repeats = 3 if quick else 5
     cases = [(label, _side_for(nbytes), T, B) for label, nbytes in TARGETS] + [("realistic", 128, 16, 8)]
@@ -233,35 +230,21 @@ def _server_memory(numel: int, subscribers: int) -> float:
 
 
 # ------------------------------------------------------------------------------------ main
-def print_table(results: dict) -> None:
-    print(f"{'payload':<10}{'bytes':>11}{'ours seg/s':>12}{'raw seg/s':>11}{'ours GB/s':>11}{'raw GB/s':>10}"
-          f"{'ours/raw':>10}{'CPU us/seg ours':>17}{'raw':>7}")
+def figures(results: dict) -> list[Figure]:
+    out = []
     for r in results["throughput"]:
-        print(f"{r['payload']:<10}{r['bytes']:>11}{r['ours_segments_per_s']:>12.1f}"
-              f"{r['raw_segments_per_s']:>11.1f}"
-              f"{r['ours_GBps']:>11.2f}{r['raw_GBps']:>10.2f}{100 * r['ours_over_raw']:>9.0f}%"
-              f"{r['ours_cpu_us_per_segment']:>17.0f}{r['raw_cpu_us_per_segment']:>7.0f}")
+        out.append(Figure("transport", f"segments {r['payload']}: ours / raw pyzmq", r["ours_over_raw"], "%",
+                          ">= 80 %", at_least(r["ours_over_raw"], 0.8),
+                          note=f"{r['ours_GBps']:.2f} vs {r['raw_GBps']:.2f} GB/s; CPU "
+                               f"{r['ours_cpu_us_per_segment']:.0f} vs {r['raw_cpu_us_per_segment']:.0f} us/segment"))
     for w in results["weights"]:
-        print(f"weights {w['payload']}: publish -> available in the actor process: median "
-              f"{w['latency_ms_median']:.1f} ms (min {w['latency_ms_min']:.1f}, "
-              f"max {w['latency_ms_max']:.1f}; "
-              f"{w['versions']} versions)")
-    print(f"weight server RSS growth serving 200 MB to 3 actors at once: "
-          f"{results['weights_server_rss_growth_MB_3x200MB']} MB")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short runs (< 2 minutes)")
-    parser.add_argument("--out", default="bench_results/transport.json", help="JSON output path")
-    args = parser.parse_args()
-    results = run(args.quick)
-    print_table(results)
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"wrote {args.out}")
+        out.append(Figure("transport", f"weights {w['payload']}: publish -> in the actor", w["latency_ms_median"] / 1e3,
+                          "ms", note=f"median of {w['versions']}; min {w['latency_ms_min']:.1f}, "
+                                     f"max {w['latency_ms_max']:.1f} ms"))
+    out.append(Figure("transport", "weight server RSS growth, 200 MB to 3 actors",
+                      results["weights_server_rss_growth_MB_3x200MB"] * 2**20, "MB"))
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.modules[__name__])

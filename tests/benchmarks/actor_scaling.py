@@ -1,0 +1,149 @@
+"""Actor scaling: env steps/s of k actor processes against k x one actor, k = 1, 2, 4, ... cores.
+
+Why: actors are meant to scale out; on one machine k actors should give ~k times the env steps
+of one until the cores run out. Each actor process is what an actor is, minus the sockets: its own
+envs and its own policy copy (torch at 1 thread, as actors/main.py sets), running
+`rollout.collect_segment` in a loop. The processes are built and warmed up once; then the first k
+of them run together for the same wall time; rate = env steps / seconds of their complete
+segments, summed over the k. Full mode repeats every k and keeps its best round (the machine
+may be shared). Also each actor's CPU time / wall time (the cores one
+actor keeps busy: above 1 means threads beyond the policy's, e.g. the software renderer).
+
+  pixel      the benchmark workload (PixelReach-v0, 4 envs, T = 8)
+  ManiSkill  configs/quickstart.yaml (PushCube-v1 from RGB, CPU physics, software renderer) with
+             1 env per actor, in the actor's own process (2+ envs would add worker processes)
+
+Goal (issue #9): k actors >= 0.85 * k x one actor, up to the core count.
+
+    python -m tests.benchmarks.actor_scaling [--quick] [--out bench_results/actor_scaling.json]
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+
+from tests.benchmarks import workload
+from tests.benchmarks.report import CpuMeter, Figure, at_least, main
+
+START_TIMEOUT_S = 300
+
+
+def run(quick: bool = False) -> dict:
+    cores = os.cpu_count() or 1
+    counts = sorted({1, cores} | {k for k in (2, 4, 8, 16, 32) if k < cores})
+    duration, rounds = (8.0, 1) if quick else (12.0, 2)
+    from asyncvla.common.config import load_config, to_dict
+    setups = {"pixel": to_dict(workload.config()),
+              "maniskill": to_dict(load_config(workload.MANISKILL_CONFIG, ["actor.num_envs=1"]))}
+    results = {"duration_s": duration, "rounds": rounds, "counts": counts}
+    for name, cfg in setups.items():
+        try:
+            runs = scaling(cfg, counts, duration, rounds)
+        except Exception as e:                    # e.g. no Vulkan device for ManiSkill: keep the rest
+            results[name] = {"error": f"{type(e).__name__}: {e}"}
+            continue
+        one = runs[0]["env_steps_per_s"]
+        for r in runs:
+            r["efficiency"] = r["env_steps_per_s"] / (r["actors"] * one)
+        results[name] = {"env": cfg["env"]["id"], "num_envs": cfg["actor"]["num_envs"],
+                         "rollout_length": cfg["actor"]["rollout_length"], "runs": runs}
+    return results
+
+
+def scaling(cfg: dict, counts: list[int], duration: float, rounds: int) -> list[dict]:
+    """max(counts) actor processes, built once; in each round, for each k, the first k of them run
+    together for `duration` s. Per k, the round with the most env steps/s (the least disturbed
+    by other work on the machine) is kept."""
+    ctx = mp.get_context("spawn")
+    pipes = [ctx.Pipe() for _ in range(max(counts))]
+    procs = [ctx.Process(target=_actor_main, args=(cfg, i, child)) for i, (_, child) in enumerate(pipes)]
+    for p in procs:
+        p.start()
+    try:
+        workload.collect(procs, pipes, START_TIMEOUT_S, "actor")           # built and warmed up
+        best: dict[int, dict] = {}
+        for _ in range(rounds):
+            for k in counts:
+                with CpuMeter() as cpu:
+                    for parent, _ in pipes[:k]:
+                        parent.send(duration)
+                    records = workload.collect(procs, pipes[:k], duration + 120, f"actor (of {k})", close=False)
+                run = {"actors": k, "env_steps_per_s": sum(r["env_steps"] / r["seconds"] for r in records),
+                       "cores_per_actor": [r["cpu_s"] / r["seconds"] for r in records],
+                       "machine_cores_busy": cpu.result["machine_cores_busy"], "per_actor": records}
+                if k not in best or run["env_steps_per_s"] > best[k]["env_steps_per_s"]:
+                    best[k] = run
+        for parent, _ in pipes:
+            parent.send(None)
+        return [best[k] for k in counts]
+    finally:
+        workload.stop(procs)
+
+
+def make_actor(cfg, index: int):
+    """An actor minus its sockets: (segment, env); segment() acts one segment, returns its env steps."""
+    import torch
+
+    from asyncvla.actors import rollout
+    from asyncvla.actors.envs import make_env
+    from asyncvla.common.policy import VLAPolicy
+
+    torch.set_num_threads(1)
+    policy = VLAPolicy.build(cfg.policy)
+    env = make_env(cfg.env, cfg.actor.num_envs, cfg.policy.image_size, cfg.policy.num_action_chunks,
+                   cfg.algorithm.reward_type, seed=1000 * index, action_dim=cfg.policy.action_dim)
+    tokenize, state = rollout.InstructionCache(policy), rollout.start(env)
+    generator = torch.Generator().manual_seed(index)
+
+    def segment() -> int:
+        return rollout.collect_segment(env, policy, tokenize, state, cfg.actor.rollout_length,
+                                       cfg.policy.temperature, generator)[1]["env_steps"]
+    return segment, env
+
+
+def _actor_main(cfg_dict: dict, index: int, conn) -> None:
+    """Build, warm up, report ready; then for each duration received, act that long."""
+    try:
+        from asyncvla.common.config import from_dict
+        segment, env = make_actor(from_dict(cfg_dict), index)
+        segment()                                          # warm-up
+        conn.send({"ready": True})
+        while (duration := conn.recv()) is not None:
+            t0, cpu0, steps = time.perf_counter(), time.process_time(), 0
+            while time.perf_counter() - t0 < duration:
+                steps += segment()
+            conn.send({"env_steps": steps, "seconds": time.perf_counter() - t0,
+                       "cpu_s": time.process_time() - cpu0})
+        env.close()
+    except BaseException:
+        conn.send({"error": traceback.format_exc()})
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def figures(r: dict) -> list[Figure]:
+    out = []
+    for name, label in (("pixel", "pixel"), ("maniskill", "ManiSkill")):
+        res = r[name]
+        if "error" in res:
+            out.append(Figure("actor scaling", f"{label}: env steps/s", None, note=res["error"][:120]))
+            continue
+        runs = res["runs"]
+        out.append(Figure("actor scaling", f"{label}: 1 actor env steps/s", runs[0]["env_steps_per_s"], "/s",
+                          note=f"{res['env']}, {res['num_envs']} env(s)/actor; one actor keeps "
+                               f"{runs[0]['cores_per_actor'][0]:.2f} cores busy"))
+        for run in runs[1:]:
+            k = run["actors"]
+            out.append(Figure("actor scaling", f"{label}: {k} actors / ({k} x 1 actor)", run["efficiency"], "%",
+                              ">= 85 %", at_least(run["efficiency"], 0.85),
+                              note=f"{run['env_steps_per_s']:.0f} env steps/s; cores per actor "
+                                   + ", ".join(f"{c:.2f}" for c in run["cores_per_actor"])))
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.modules[__name__])
