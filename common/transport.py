@@ -178,10 +178,13 @@ class TrajectorySender:
         return True
 
     def close(self) -> None:
-        """Give queued segments up to linger_ms to leave; what is still here is counted dropped."""
+        """Give queued segments up to linger_ms to leave and be taken: a rank discards what it still
+        queues from an actor that has gone. What never left is counted dropped."""
+        deadline = time.monotonic() + self._linger_s
         self.flush(self._linger_s)
         self.dropped += len(self._pending)
         self._pending.clear()
+        self.wait_for_room(1, timeout=max(0.0, deadline - time.monotonic()))
         self._node.close()
 
     def _read_acks(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import multiprocessing as mp
 import os
 import subprocess
 import sys
@@ -321,6 +322,32 @@ def test_block_mode_waits_with_bounded_memory_and_loses_nothing():
     assert got == list(range(total)) and sender.sent == total and sender.dropped == 0
     sender.close()
     receiver.close()
+
+
+def _send_and_leave(endpoint: str, count: int) -> None:
+    spec = make_spec(T=2, B=1, H=64, L=4)
+    sender = transport.TrajectorySender([endpoint], tcfg(linger_ms=10_000))
+    for i in range(count):
+        sender.send(make_segment(spec, B=1, seq=i, truncations=0))
+    sender.close()
+
+
+def test_an_actor_that_leaves_right_after_sending_loses_nothing():
+    # A rank discards what it still queues from a peer that disconnected; close() waits until the
+    # rank has taken (acked) everything, so a slow learner still gets every segment.
+    spec = make_spec(T=2, B=1, H=64, L=4)
+    receiver = transport.TrajectoryReceiver(tcfg(), 0, spec, endpoint="tcp://127.0.0.1:*")
+    proc = mp.get_context("spawn").Process(target=_send_and_leave, args=(receiver.endpoint, 300))
+    proc.start()
+    got = []
+    while len(got) < 300:
+        seg = receiver.recv(timeout_ms=10_000)
+        assert seg is not None, f"missing after {len(got)} segments"
+        got.append(seg.meta["seq"])
+        time.sleep(0.002)                        # slower than the sender: segments queue up here
+    proc.join(30)
+    receiver.close()
+    assert got == list(range(300)) and proc.exitcode == 0
 
 
 def test_close_with_an_absent_learner_counts_unsent_as_dropped():
