@@ -85,55 +85,51 @@ def test_realistic_segment_round_trip_zero_copy(endpoint):
         receiver.close()
 
 
-def test_segments_spread_over_learner_ranks():
+@pytest.fixture
+def two_ranks():
+    """(spec, [rank 0 and rank 1 receivers], a sender connected to both), connections complete."""
     spec = make_spec(T=2, B=1, H=8, L=4)
     cfg = tcfg()
     ranks = [transport.TrajectoryReceiver(cfg, r, spec, endpoint="tcp://127.0.0.1:*") for r in range(2)]
     sender = transport.TrajectorySender([r.endpoint for r in ranks], cfg)
-    try:
-        wait_until(lambda: False, timeout=0.3)        # let both connections complete
-        for i in range(40):
-            sender.send(make_segment(spec, B=1, seq=i, truncations=0))
-        got = [[], []]
-        deadline = time.monotonic() + 10
-        while sum(map(len, got)) < 40 and time.monotonic() < deadline:
-            for r, rx in enumerate(ranks):
-                seg = rx.recv(timeout_ms=10)
-                if seg is not None:
-                    got[r].append(seg.meta["seq"])
-        assert sorted(got[0] + got[1]) == list(range(40))
-        assert got[0] and got[1]
-    finally:
-        sender.close()
-        for r in ranks:
-            r.close()
+    wait_until(lambda: False, timeout=0.3)
+    yield spec, ranks, sender
+    sender.close()
+    for r in ranks:
+        r.close()
 
 
-def test_in_flight_counts_segments_until_a_rank_takes_them():
-    spec = make_spec(T=2, B=1, H=8, L=4)
-    cfg = tcfg()
-    ranks = [transport.TrajectoryReceiver(cfg, r, spec, endpoint="tcp://127.0.0.1:*") for r in range(2)]
-    sender = transport.TrajectorySender([r.endpoint for r in ranks], cfg)
-    try:
-        wait_until(lambda: False, timeout=0.3)        # let both connections complete
-        for i in range(3):
-            assert sender.send(make_segment(spec, B=1, seq=i, truncations=0))
-        time.sleep(0.2)                               # delivered, but no rank has taken one
-        assert sender.in_flight == 3
-        assert not sender.wait_for_room(3, timeout=0.2)
-        taken, deadline = 0, time.monotonic() + 10
-        while taken < 2 and time.monotonic() < deadline:     # two taken, by the ranks that hold them
-            for rx in ranks:
-                if taken < 2 and rx.recv(timeout_ms=10) is not None:
-                    taken += 1
-        assert sender.wait_for_room(2, timeout=5.0)   # the acks arrive
-        assert sender.in_flight == 1 and not sender.wait_for_room(1, timeout=0.2)
-        sender.forget_in_flight()                     # a learner restart: nothing is owed any more
-        assert sender.in_flight == 0 and sender.wait_for_room(1, timeout=0)
-    finally:
-        sender.close()
-        for r in ranks:
-            r.close()
+def test_segments_spread_over_learner_ranks(two_ranks):
+    spec, ranks, sender = two_ranks
+    for i in range(40):
+        sender.send(make_segment(spec, B=1, seq=i, truncations=0))
+    got = [[], []]
+    deadline = time.monotonic() + 10
+    while sum(map(len, got)) < 40 and time.monotonic() < deadline:
+        for r, rx in enumerate(ranks):
+            seg = rx.recv(timeout_ms=10)
+            if seg is not None:
+                got[r].append(seg.meta["seq"])
+    assert sorted(got[0] + got[1]) == list(range(40))
+    assert got[0] and got[1]
+
+
+def test_in_flight_counts_segments_until_a_rank_takes_them(two_ranks):
+    spec, ranks, sender = two_ranks
+    for i in range(3):
+        assert sender.send(make_segment(spec, B=1, seq=i, truncations=0))
+    time.sleep(0.2)                               # delivered, but no rank has taken one
+    assert sender.in_flight == 3
+    assert not sender.wait_for_room(3, timeout=0.2)
+    taken, deadline = 0, time.monotonic() + 10
+    while taken < 2 and time.monotonic() < deadline:     # two taken, by the ranks that hold them
+        for rx in ranks:
+            if taken < 2 and rx.recv(timeout_ms=10) is not None:
+                taken += 1
+    assert sender.wait_for_room(2, timeout=5.0)   # the acks arrive
+    assert sender.in_flight == 1 and not sender.wait_for_room(1, timeout=0.2)
+    sender.forget_in_flight()                     # a learner restart: nothing is owed any more
+    assert sender.in_flight == 0 and sender.wait_for_room(1, timeout=0)
 
 
 def _fuzz_messages(spec, count, rng):
