@@ -83,8 +83,15 @@ def launch(cfg: Config) -> int:
                     print(f"asyncvla: actor {i} exited with {code}; restart {restarts[i]}/"
                           f"{cfg.launch.max_actor_restarts}", file=sys.stderr, flush=True)
                     actors[i] = children.start(f"actor-{i}", actor_command(control, i, keys))
-                else:
-                    del actors[i]
+                    continue
+                del actors[i]
+                if code != 0:
+                    print(f"asyncvla: actor {i} exited with {code}; giving up on it "
+                          f"(launch.max_actor_restarts={cfg.launch.max_actor_restarts})", file=sys.stderr, flush=True)
+                    if not actors:   # nothing left to feed the learner: waiting would hang the run
+                        print("asyncvla: every local actor has failed; stopping the run (see the actor "
+                              "errors above)", file=sys.stderr, flush=True)
+                        return 1
         if learner.returncode == 0:   # the learner told the actors it is done: let them finish
             _wait_all(list(actors.values()), timeout=20.0)
             if evaluator is not None:   # ... and the evaluator its last evaluation

@@ -51,3 +51,21 @@ def test_train_pixel_task_end_to_end(tmp_path):
     assert summary["num_episodes"] == 2 and summary["step"] == 3
     assert len(list((run / "eval" / "step_00000003").glob("*.mp4"))) == 2
     assert 3 in [e.step for e in acc.Scalars("eval/success_rate")]
+
+
+def test_train_stops_when_every_local_actor_has_failed(tmp_path):
+    """An actor that cannot start (here: a CUDA device on a CPU-only torch) is restarted up to
+    launch.max_actor_restarts times; then the run stops with an error instead of leaving the
+    learner waiting for data for ever."""
+    overrides = [f"logging.output_dir={tmp_path}", "logging.experiment_name=crash", "logging.progress=false",
+                 "actor.device=cuda:0", "launch.num_local_actors=1", "launch.max_actor_restarts=1",
+                 "eval.eval_interval=0",
+                 f"transport.control_port={free_port()}", f"transport.weights_port={free_port()}",
+                 f"transport.trajectory_port={free_port()}", f"launch.master_port={free_port()}"]
+    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "train",
+                        str(REPO / "configs/pixel_task.yaml"), *overrides],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "actor 0 exited with 1; restart 1/1" in r.stderr
+    assert "giving up on it (launch.max_actor_restarts=1)" in r.stderr
+    assert "every local actor has failed; stopping the run" in r.stderr
