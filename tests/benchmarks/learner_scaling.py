@@ -74,7 +74,7 @@ def build_learner(cfg, world: int, rank: int):
     batch = workload.make_batch(cfg, policy, cfg.learner.batch_trajectories // world, seed=rank)
     ds_engine.init_distributed(cfg)
     engine = ds_engine.build_engine(policy, cfg, workload.micro_batches(cfg, world))
-    return engine, batch, torch.device("cpu")
+    return engine, batch, engine.device          # cuda where DeepSpeed found a GPU
 
 
 def timed_updates(engine, batch, cfg, device, n: int) -> list[float]:
