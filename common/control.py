@@ -5,7 +5,8 @@
     actor  -> heartbeat {actor_id}  (every interval) learner -> heartbeat  (or "rejoin" if it does
                                                                 not know the actor, e.g. after a restart)
     actor  -> get_policy_files                        learner -> policy_files (one frame per file)
-    actor  -> bye                                     learner -> shutdown (at the end of training)
+    actor  -> bye                                     learner -> shutdown (at the end of training;
+                                                                the actor answers bye)
 
 The learner's ControlServer keeps a `Registry` of live actors (joins, leaves, time-outs). The
 actor's LearnerClient re-sends hello with back-off when the learner goes silent for
@@ -145,12 +146,31 @@ class ControlServer:
         self._stop.set()
         self._thread.join()
         if notify:
+            waiting = set(self.registry.actors)
             for a in list(self.registry.actors.values()):
                 self._send(a.identity, encode_control("shutdown"))
-            # The notice must leave before the socket goes, even on a loaded machine.
+            self._drain_until_bye(waiting, timeout_s=max(self.tcfg.linger_ms / 1000, 2.0))
             self._node.close(linger_ms=max(self.tcfg.linger_ms, 2000))
             return
         self._node.close()
+
+    def _drain_until_bye(self, actor_ids: set, timeout_s: float) -> None:
+        """Read (and drop) what actors still send until each notified one has said bye. Closing
+        with unread data makes the kernel reset the connection, and a reset throws away what the
+        actor had not read yet: the shutdown notice itself."""
+        deadline = time.monotonic() + timeout_s
+        while actor_ids and time.monotonic() < deadline:
+            if not self._router.poll(50):
+                continue
+            frames = self._router.recv_multipart(copy=False)
+            try:
+                msg = decode_control(frames[1:], self._limits, "hello", "heartbeat", "bye", "get_policy_files")
+            except ValidationError:
+                continue
+            if msg.kind == "bye":
+                actor_ids.discard(msg.meta.get("actor_id"))
+                with self._lock:
+                    self.registry.bye(msg.meta.get("actor_id"))
 
     # ------------------------------------------------------------------ server thread
     def _serve(self) -> None:
@@ -347,6 +367,7 @@ class LearnerClient:
                     self._request["sent"] = False
             elif msg.kind == "shutdown":
                 log.info("learner at %s finished training", self.endpoint)
+                self._send("bye", {"actor_id": self.actor_id})      # the learner waits for it
                 self.finished = True
             elif msg.kind in ("policy_files", "error"):
                 self._on_reply(msg)

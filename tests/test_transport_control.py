@@ -93,8 +93,27 @@ def test_join_welcome_policy_files_bye_and_shutdown(tmp_path):
         assert wait_until(lambda: b.finished)
     finally:
         b.close()
-    assert server.counts() == {"alive": 1, "joined_total": 2, "left_total": 1, "timed_out_total": 0,
-                               "replaced_total": 0}
+    assert server.counts() == {"alive": 0, "joined_total": 2, "left_total": 2, "timed_out_total": 0,
+                               "replaced_total": 0}                   # b answered the notice with bye
+
+
+def test_every_actor_gets_the_shutdown_notice():
+    # Actors heartbeat every 0.1 s, so the learner always holds unread messages when it closes;
+    # closing then would reset the connections and lose notices still in flight. It reads until
+    # every notified actor has answered bye.
+    for _ in range(5):
+        server = transport.ControlServer(tcfg(heartbeat_timeout_s=6.0), welcome_fn_for(["tcp://127.0.0.1:2"]),
+                                         endpoint="tcp://127.0.0.1:*")
+        clients = [transport.LearnerClient(server.endpoint, f"a{i}", tcfg()) for i in range(3)]
+        try:
+            assert all(c.join(timeout=10) is not None for c in clients)
+            time.sleep(0.5)
+            server.close(notify=True)
+            assert wait_until(lambda: all(c.finished for c in clients), timeout=5)
+            assert server.counts()["left_total"] == 3
+        finally:
+            for c in clients:
+                c.close()
 
 
 def test_a_failing_welcome_is_reported_to_the_actor():
