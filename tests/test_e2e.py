@@ -19,17 +19,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def train_pixel_task(out_dir: Path, name: str, overrides: list[str], timeout: float):
+    """`asyncvla train configs/pixel_task.yaml` into out_dir/name on free ports, without a progress bar."""
+    ports = [f"transport.control_port={free_port()}", f"transport.weights_port={free_port()}",
+             f"transport.trajectory_port={free_port()}", f"launch.master_port={free_port()}"]
+    return subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "train", str(REPO / "configs/pixel_task.yaml"),
+                           f"logging.output_dir={out_dir}", f"logging.experiment_name={name}",
+                           "logging.progress=false", *ports, *overrides],
+                          capture_output=True, text=True, timeout=timeout)
+
+
 def test_train_pixel_task_end_to_end(tmp_path):
-    overrides = [f"logging.output_dir={tmp_path}", "logging.experiment_name=e2e", "logging.progress=false",
-                 "learner.max_steps=3", "learner.batch_trajectories=4", "learner.micro_batch_size=16",
-                 "actor.num_envs=4", "actor.rollout_length=4", "checkpoint.save_interval=2",
-                 "launch.num_local_actors=1", "algorithm.num_minibatches=1",
-                 "eval.eval_interval=2", "eval.num_episodes=2",
-                 f"transport.control_port={free_port()}", f"transport.weights_port={free_port()}",
-                 f"transport.trajectory_port={free_port()}", f"launch.master_port={free_port()}"]
-    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "train",
-                        str(REPO / "configs/pixel_task.yaml"), *overrides],
-                       capture_output=True, text=True, timeout=420)
+    r = train_pixel_task(tmp_path, "e2e", [
+        "learner.max_steps=3", "learner.batch_trajectories=4", "learner.micro_batch_size=16",
+        "actor.num_envs=4", "actor.rollout_length=4", "checkpoint.save_interval=2",
+        "launch.num_local_actors=1", "algorithm.num_minibatches=1",
+        "eval.eval_interval=2", "eval.num_episodes=2"], timeout=420)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run = tmp_path / "e2e"
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir() if (p / "COMPLETE.json").exists())
@@ -57,14 +62,8 @@ def test_train_stops_when_every_local_actor_has_failed(tmp_path):
     """An actor that cannot start (here: a CUDA device on a CPU-only torch) is restarted up to
     launch.max_actor_restarts times; then the run stops with an error instead of leaving the
     learner waiting for data for ever."""
-    overrides = [f"logging.output_dir={tmp_path}", "logging.experiment_name=crash", "logging.progress=false",
-                 "actor.device=cuda:0", "launch.num_local_actors=1", "launch.max_actor_restarts=1",
-                 "eval.eval_interval=0",
-                 f"transport.control_port={free_port()}", f"transport.weights_port={free_port()}",
-                 f"transport.trajectory_port={free_port()}", f"launch.master_port={free_port()}"]
-    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "train",
-                        str(REPO / "configs/pixel_task.yaml"), *overrides],
-                       capture_output=True, text=True, timeout=300)
+    r = train_pixel_task(tmp_path, "crash", ["actor.device=cuda:0", "launch.num_local_actors=1",
+                                             "launch.max_actor_restarts=1", "eval.eval_interval=0"], timeout=300)
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     assert "actor 0 exited with 1; restart 1/1" in r.stderr
     assert "giving up on it (launch.max_actor_restarts=1)" in r.stderr
