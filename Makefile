@@ -29,7 +29,7 @@ test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Performance figures beside their baselines and goals (issue #9): one table, and the JSON in
-# bench_results/bench.json. ~10 minutes on 2 CPU cores; `make bench ARGS=--quick` takes ~5.
+# bench_results/bench.json. ~7 minutes on 2 CPU cores; `make bench ARGS=--quick` takes ~4.
 bench: setup
 	$(PY) -m tests.benchmarks.run_all $(ARGS)
 
