@@ -77,6 +77,10 @@ class BackboneConfig:
     vocab_size: int = opt(512, "vocabulary size of the built tokenizer (the last n_bins ids are "
                           "action tokens)", ge=64)
     scale_factor: int = opt(2, "pixel-shuffle factor between vision tower and language model", ge=1)
+    position_init: str = opt("sincos", "init of the vision tower's patch-position embeddings: sincos "
+                             "(fixed 2-D sine-cosine pattern, as MAE; positions are readable from the "
+                             "start) or random (normal, std 0.02: 10x weaker than a patch's content)",
+                             choices=["sincos", "random"])
 
 
 @dataclass
@@ -97,6 +101,10 @@ class PolicyConfig:
     lora_target_modules: str = opt(r".*text_model.*\.(q_proj|k_proj|v_proj|o_proj)",
                                    "regex of module names that get LoRA adapters")
     value_head_hidden: int = opt(256, "hidden width of the value-head MLP", ge=1)
+    value_encoder: str = opt("none", "what the value head reads besides the VLM's last prompt token: "
+                             "none, or cnn (a small CNN of its own on the image; a VLM with no robot "
+                             "pretraining barely tells scenes apart, and its critic then learns nothing)",
+                             choices=["none", "cnn"])
     state_dim: int = opt(0, "proprio dims S the policy reads as one extra prompt token (0 = none; "
                          "must equal the env's state_dim when env.use_proprio)", ge=0)
     init_seed: int = opt(0, "seed of the tiny backbone's random init and of the LoRA / value-head init "
@@ -126,6 +134,8 @@ class ActorConfig:
 class LearnerConfig:
     max_steps: int = opt(200, "stop after this many learner updates", ge=1)
     max_env_steps: Optional[int] = opt(None, "also stop after this many env steps (null: no limit)", ge=1)
+    max_time_s: Optional[float] = opt(None, "also stop after this many seconds of training, counted "
+                                      "from the learner's first wait for data (null: no limit)", gt=0.0)
     batch_trajectories: int = opt(8, "env trajectories of rollout_length steps in one update, across "
                                   "all ranks (a segment from an actor with B envs holds B of them)", ge=1)
     micro_batch_size: int = opt(32, "samples (time steps x envs) per forward/backward on one rank", ge=1)
@@ -152,6 +162,10 @@ class AlgorithmConfig:
     gamma: float = opt(0.99, "discount per policy step (per chunk with reward_type chunk_level)",
                        ge=0.0, le=1.0)
     vtrace_lambda: float = opt(1.0, "V-trace lambda (trace cutting, like GAE's lambda)", ge=0.0, le=1.0)
+    off_policy_correction: str = opt("vtrace", "vtrace: importance-weighted targets and advantages "
+                                     "for data from older policies; none: treat stale data as on-policy "
+                                     "(λ-returns and GAE; the PPO ratio is still π/μ) — the ablation",
+                                     choices=["vtrace", "none"])
     rho_bar: float = opt(1.0, "V-trace clip of importance weights in targets/advantages", gt=0.0)
     c_bar: float = opt(1.0, "V-trace clip of the traces", gt=0.0)
     ratio_clip_eps: float = opt(0.2, "PPO clip epsilon of the ratio pi/mu", gt=0.0)
@@ -227,6 +241,41 @@ class EvalConfig:
                                       "the last step after the learner ends", ge=0.0)
 
 
+# ----------------------------------------------------------------------------- demonstrations
+@dataclass
+class CollectConfig:
+    num_episodes: int = opt(200, "successful demonstration episodes to record", ge=1)
+    action_noise: float = opt(0.3, "probability that a step executes a random action instead of the "
+                              "demonstrator's (whose action stays the label): demos then cover states "
+                              "off the demonstrator's path", ge=0.0, le=1.0)
+    num_envs: int = opt(16, "envs stepped together while collecting", ge=1)
+    seed: int = opt(7, "base seed of the demonstration episodes (apart from training's and "
+                    "evaluation's)", ge=0)
+
+
+# ---------------------------------------------------------------------------------------- sft
+@dataclass
+class SFTConfig:
+    data: Optional[str] = opt(None, "demonstrations: a directory with trajectory.h5 + trajectory.json "
+                              "(ManiSkill's format, e.g. from `asyncvla collect`) or the .h5 file")
+    max_demo_steps: Optional[int] = opt(None, "use at most this many demo steps (whole episodes, in "
+                                        "file order; null: all)", ge=1)
+    steps: int = opt(300, "optimizer steps", ge=1)
+    batch_size: int = opt(64, "samples per optimizer step (all ranks)", ge=1)
+    lr: float = opt(1e-3, "learning rate of the policy", gt=0.0)
+    value_lr: float = opt(1e-3, "learning rate of the value head (critic warm-up)", gt=0.0)
+    value_loss_coef: float = opt(0.5, "weight of the critic's regression onto the demos' discounted "
+                                 "returns (0: no critic warm-up)", ge=0.0)
+    val_fraction: float = opt(0.1, "share of the episodes held out for validation loss and token "
+                              "accuracy", ge=0.0, lt=1.0)
+    eval_interval: int = opt(100, "evaluate success (sampled, as actors act) every this many steps "
+                             "and at the end (0: only at the end)", ge=0)
+    eval_episodes: int = opt(64, "episodes per success evaluation (fixed initial states)", ge=1)
+    save_interval: int = opt(100, "checkpoint every this many steps (a rerun continues from the "
+                             "latest complete one)", ge=1)
+    seed: int = opt(0, "seed of the split and of the minibatch order", ge=0)
+
+
 # ------------------------------------------------------------------------------------ launch
 @dataclass
 class LaunchConfig:
@@ -251,6 +300,8 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    collect: CollectConfig = field(default_factory=CollectConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
 
 

@@ -12,7 +12,10 @@ import sys
 
 # Subcommand modules, in the order `asyncvla --help` lists them.
 SUBCOMMANDS = [
+    "asyncvla.launch.collect_cmd",
+    "asyncvla.launch.sft_cmd",
     "asyncvla.launch.train",
+    "asyncvla.launch.pipeline",
     "asyncvla.launch.actor_cmd",
     "asyncvla.launch.eval_cmd",
     "asyncvla.launch.export_cmd",

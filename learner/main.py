@@ -110,6 +110,7 @@ def run(cfg: Config) -> int:
     buffer = ColumnBuffer(cfg.learner.max_policy_lag)
     drops = Counter()
     contributors: set[str] = set()        # actors whose segments were used since the last log
+    started = time.perf_counter()
     while step < cfg.learner.max_steps and not stop.is_set():
         # ---- wait for this rank's share of the batch
         t0 = time.perf_counter()
@@ -161,6 +162,9 @@ def run(cfg: Config) -> int:
         if cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0:
             _save(engine, run_dir, step, version, total_env_steps, ema, cfg)
         if cfg.learner.max_env_steps and total_env_steps >= cfg.learner.max_env_steps:
+            break
+        if cfg.learner.max_time_s and _any_rank(time.perf_counter() - started >= cfg.learner.max_time_s,
+                                                device):
             break
 
     if step and (not cfg.checkpoint.save_interval or step % cfg.checkpoint.save_interval):

@@ -80,7 +80,10 @@ def compute_targets(engine, batch: Batch, cfg: Config, device) -> dict:
         rewards = rewards.index_put((t_idx, b_idx), gamma * final_values, accumulate=True)
     discounts = gamma * (~(terminated | truncated)).float()
 
-    vt = vtrace(behavior_logp=behavior, target_logp=target_logp, rewards=rewards,
+    # Without the off-policy correction every importance weight is 1: the targets are λ-returns
+    # and the advantages GAE's, as if the stale data came from the current policy.
+    corrected = cfg.algorithm.off_policy_correction == "vtrace"
+    vt = vtrace(behavior_logp=behavior, target_logp=target_logp if corrected else behavior, rewards=rewards,
                 values=v_all[:-1], bootstrap_value=v_all[-1], discounts=discounts,
                 rho_bar=cfg.algorithm.rho_bar, c_bar=cfg.algorithm.c_bar, lam=cfg.algorithm.vtrace_lambda)
     return {"behavior_logp": behavior, "old_values": v_all[:-1], "vs": vt.vs,

@@ -357,3 +357,37 @@ def test_image_preprocessing_matches_the_idefics3_processor(fresh, size):
         assert (mine - ref).abs().max() < 1e-6
     else:  # torch bicubic vs PIL Lanczos: close on a smooth image
         assert (mine[0] - ref[0]).abs().mean() < 0.01
+
+
+def test_cnn_value_encoder_reads_the_image_ships_with_the_heads_and_round_trips(tmp_path):
+    cfg = PolicyConfig(value_encoder="cnn", value_head_hidden=32, lora_rank=4)
+    p = perturb(VLAPolicy.build(cfg), seed=3)
+    trainable = [n for n, q in p.named_parameters() if q.requires_grad]
+    assert any(n.startswith("value_head.encoder.") for n in trainable)       # trained and published
+    image, ids, mask = observation(p)
+    v = p.value(image, ids, mask)
+    other = image.copy()
+    other[0] = 255 - other[0]
+    moved = p.value(other, ids, mask)
+    assert moved[0] != v[0] and torch.equal(moved[1:], v[1:])               # the row's own image
+    out = p.act(image, ids, mask, greedy=True)
+    assert np.allclose(out.values, v.detach().numpy(), atol=1e-6)
+    # the critic's gradient stops at the VLM: only the value head learns from the value loss
+    p.zero_grad()
+    p.evaluate(image, ids, mask, None, out.action_tokens).values.sum().backward()
+    grads = {n for n, q in p.named_parameters() if q.grad is not None and q.grad.abs().sum() > 0}
+    assert grads and all(n.startswith("value_head.") for n in grads)
+    p.save_pretrained(tmp_path / "p")
+    q = VLAPolicy.from_pretrained(tmp_path / "p")
+    assert q.cfg.value_encoder == "cnn" and torch.equal(q.value(image, ids, mask), v)
+
+
+def test_sincos_position_init_makes_patch_positions_distinct():
+    from asyncvla.common.policy.backbone import sincos_positions
+    pe = sincos_positions(8, 64)
+    assert pe.shape == (64, 64) and pe.abs().max() <= 1.0
+    dist = torch.cdist(pe, pe) + torch.eye(64) * 1e9
+    assert dist.min() > 0.5                          # every patch position is told apart
+    emb = VLAPolicy.build(PolicyConfig())._vlm.model.vision_model.embeddings.position_embedding.weight
+    side = int(emb.shape[0] ** 0.5)
+    assert torch.allclose(emb, sincos_positions(side, emb.shape[1]))

@@ -79,6 +79,9 @@ def tiny_backbone_config(bcfg, image_size: int, tokenizer) -> Idefics3Config:
     need(bcfg.text_hidden_size % bcfg.text_heads == 0,
          f"policy.backbone.text_hidden_size={bcfg.text_hidden_size} must be divisible by "
          f"policy.backbone.text_heads={bcfg.text_heads}")
+    need(bcfg.position_init != "sincos" or bcfg.vision_hidden_size % 4 == 0,
+         f"policy.backbone.vision_hidden_size={bcfg.vision_hidden_size} must be a multiple of 4 for "
+         "policy.backbone.position_init=sincos (sin and cos of rows and columns)")
     need(image_size % bcfg.patch_size == 0,
          f"policy.image_size={image_size} must be a multiple of policy.backbone.patch_size={bcfg.patch_size}")
     need((image_size // bcfg.patch_size) % bcfg.scale_factor == 0,
@@ -109,6 +112,13 @@ def write_tiny_backbone(out_dir: str, bcfg, image_size: int, n_bins: int, seed: 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Idefics3ForConditionalGeneration(config)
+    if bcfg.position_init == "sincos":
+        # A random-init tower from scratch learns where things are slowly: its position signal is
+        # 10x weaker than a patch's content. A fixed 2-D pattern makes positions readable at once
+        # (pixel task, BC: 33 % greedy success after 900 steps against 5 % with the random init).
+        emb = model.model.vision_model.embeddings
+        with torch.no_grad():
+            emb.position_embedding.weight.copy_(sincos_positions(emb.num_patches_per_side, emb.embed_dim))
     processor = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": image_size},
                                           max_image_size={"longest_edge": image_size})
     os.makedirs(out_dir, exist_ok=True)
@@ -117,6 +127,20 @@ def write_tiny_backbone(out_dir: str, bcfg, image_size: int, n_bins: int, seed: 
         tokenizer.save_pretrained(out_dir)
         processor.save_pretrained(out_dir)
     return out_dir
+
+
+def sincos_positions(side: int, dim: int) -> torch.Tensor:
+    """[side*side, dim] 2-D sine-cosine position embeddings, row-major like the patches: a quarter
+    of the channels each for sin/cos of the row and of the column, at geometric frequencies."""
+    quarter = dim // 4
+    omega = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float64) / quarter)
+    rows, cols = torch.meshgrid(torch.arange(side, dtype=torch.float64),
+                                torch.arange(side, dtype=torch.float64), indexing="ij")
+
+    def axis(coord):
+        angle = coord.reshape(-1, 1) * omega
+        return torch.cat([angle.sin(), angle.cos()], 1)
+    return torch.cat([axis(rows), axis(cols)], 1).float()
 
 
 # --------------------------------------------------------------------------------- loading

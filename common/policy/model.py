@@ -47,7 +47,7 @@ FORMAT_VERSION = 1
 # Settings that shape the network or its inputs/outputs: a checkpoint used as policy.pretrained_path
 # must agree with the config on these.
 STRUCTURAL_KEYS = ("image_size", "action_dim", "num_action_chunks", "n_bins", "max_instruction_tokens",
-                   "state_dim", "is_lora", "lora_rank")
+                   "state_dim", "is_lora", "lora_rank", "value_encoder")
 
 
 class ActOutput(NamedTuple):
@@ -61,6 +61,7 @@ class EvalOutput(NamedTuple):
     logprobs: torch.Tensor     # float32 [B, M], M = N, K or 1 (token / action / chunk level)
     entropy: torch.Tensor      # float32 [B, M], entropy over the action bins, summed like logprobs
     values: torch.Tensor       # float32 [B]
+    mode_tokens: torch.Tensor  # int64 [B, N]: the most likely action-token id at each position (no grad)
 
 
 def resolve_dtype(precision: str, device) -> torch.dtype:
@@ -85,7 +86,7 @@ class VLAPolicy(nn.Module):
         hidden = vlm.config.text_config.hidden_size
         vocab = vlm.lm_head.out_features
         self.action_tokenizer = ActionTokenizer(n_bins=cfg.n_bins, vocab_size=vocab)
-        self.value_head = ValueHead(hidden, cfg.value_head_hidden)
+        self.value_head = ValueHead(hidden, cfg.value_head_hidden, cfg.value_encoder)
         self.state_encoder = StateEncoder(cfg.state_dim, hidden) if cfg.state_dim > 0 else None
         vc = vlm.config.vision_config
         image_seq_len = (vc.image_size // vc.patch_size) ** 2 // vlm.config.scale_factor ** 2
@@ -213,7 +214,7 @@ class VLAPolicy(nn.Module):
         image, ids, mask, state = self._inputs(image, ids, mask, state)
         prompt = self._prompt(image, ids, mask, state)
         bins = self._sample(prompt, temperature, greedy, generator)
-        logp, _, values = self._score(prompt, bins, temperature)
+        logp, _, values, _ = self._score(prompt, bins, temperature)
         tokens = bins + self.action_tokenizer.first_id
         actions = self.action_tokenizer.from_bins(bins.cpu()).reshape(
             -1, self.cfg.num_action_chunks, self.cfg.action_dim)
@@ -226,10 +227,11 @@ class VLAPolicy(nn.Module):
         temperature = self.temperature if temperature is None else temperature
         image, ids, mask, state = self._inputs(image, ids, mask, state)
         bins = self._action_token_input(action_tokens, ids.shape[0]) - self.action_tokenizer.first_id
-        logp, entropy, values = self._score(self._prompt(image, ids, mask, state), bins, temperature)
+        logp, entropy, values, mode = self._score(self._prompt(image, ids, mask, state), bins, temperature)
         k, d = self.cfg.num_action_chunks, self.cfg.action_dim
         return EvalOutput(reduce_logprobs(logp, logprob_type, k, d),
-                          reduce_logprobs(entropy, logprob_type, k, d), values)
+                          reduce_logprobs(entropy, logprob_type, k, d), values,
+                          mode + self.action_tokenizer.first_id)
 
     def forward(self, *args, **kwargs) -> EvalOutput:
         """Same as `evaluate`, so a DeepSpeed engine wrapping this module can be called directly."""
@@ -238,9 +240,9 @@ class VLAPolicy(nn.Module):
     def value(self, image, ids, mask, state=None) -> torch.Tensor:
         """V(x) [B] fp32 from the prompt alone (for bootstrapping truncated episodes)."""
         image, ids, mask, state = self._inputs(image, ids, mask, state)
-        embeds, attn, pos = self._prompt(image, ids, mask, state)
+        embeds, attn, pos, image = self._prompt(image, ids, mask, state)
         hidden = self._decode(embeds, attn, pos, cache=None, use_cache=False).last_hidden_state
-        return self.value_head(hidden[:, -1])
+        return self.value_head(hidden[:, -1], image)
 
     # --------------------------------------------------------------- trainable parameters
     def _is_trainable(self, name: str) -> bool:
@@ -356,7 +358,7 @@ class VLAPolicy(nn.Module):
 
     def _sample(self, prompt, temperature: float, greedy: bool, generator) -> torch.Tensor:
         """Autoregressive decoding of the N action tokens with the KV cache -> bins int64 [B, N]."""
-        embeds, attn, pos = prompt
+        embeds, attn, pos, _ = prompt
         out = self._decode(embeds, attn, pos, cache=None, use_cache=True)
         bins = []
         for i in range(self.num_action_tokens):
@@ -371,16 +373,17 @@ class VLAPolicy(nn.Module):
 
     def _score(self, prompt, bins: torch.Tensor, temperature: float):
         """Teacher-forced pass over prompt + action tokens -> token log-probs [B, N], entropies [B, N],
-        values [B]. The single place where act and evaluate get their numbers."""
-        embeds, attn, pos = prompt
+        values [B], most likely bins [B, N]. The single place where act and evaluate get their numbers."""
+        embeds, attn, pos, image = prompt
         p, n = embeds.shape[1], self.num_action_tokens
         # The last action token predicts nothing we score, so it is not fed.
         embeds = torch.cat([embeds, self._embed(bins[:, :-1] + self.action_tokenizer.first_id)], 1)
         attn = torch.cat([attn, attn.new_ones(attn.shape[0], n - 1)], 1)
         pos = torch.cat([pos, pos[:, -1:] + torch.arange(1, n, device=pos.device)], 1)
         hidden = self._decode(embeds, attn, pos, cache=None, use_cache=False).last_hidden_state
-        logp, entropy = token_logprobs(self._action_logits(hidden[:, p - 1:]), bins, temperature)
-        return logp, entropy, self.value_head(hidden[:, p - 1])
+        logits = self._action_logits(hidden[:, p - 1:])
+        logp, entropy = token_logprobs(logits, bins, temperature)
+        return logp, entropy, self.value_head(hidden[:, p - 1], image), logits.detach().argmax(-1)
 
     def _pixels(self, image: torch.Tensor) -> torch.Tensor:
         """uint8 [B, H, W, 3] -> normalised [B, 3, h, w] as the checkpoint's image processor would."""
@@ -401,7 +404,8 @@ class VLAPolicy(nn.Module):
         return self._vlm.get_input_embeddings()(token_ids)
 
     def _prompt(self, image, ids, mask, state):
-        """Prompt embeddings [B, P, H], attention mask [B, P] and position ids [B, P]."""
+        """Prompt embeddings [B, P, H], attention mask [B, P], position ids [B, P] and the image
+        (uint8 [B, H, W, 3], for a value head that reads it)."""
         lay, b = self.layout, ids.shape[0]
         fixed = torch.tensor(lay.fixed_ids, device=ids.device).expand(b, -1)
         embeds = self._embed(torch.cat([fixed, ids], 1))
@@ -415,7 +419,7 @@ class VLAPolicy(nn.Module):
             attn.append(mask.new_ones(b, 1))
         attn = torch.cat(attn, 1)
         pos = (attn.cumsum(1) - 1).clamp(min=0)
-        return torch.cat(parts, 1), attn, pos
+        return torch.cat(parts, 1), attn, pos, image
 
     def _decode(self, embeds, attn, pos, cache, use_cache: bool):
         return self._vlm.model.text_model(inputs_embeds=embeds, attention_mask=attn, position_ids=pos,

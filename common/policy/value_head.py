@@ -6,21 +6,56 @@ import torch
 from torch import nn
 
 
-class ValueHead(nn.Module):
-    """MLP on the hidden state of the last prompt token -> V(x), computed and returned in fp32."""
+VALUE_ENCODERS = ("none", "cnn")
 
-    def __init__(self, hidden_size: int, width: int):
+
+class ValueHead(nn.Module):
+    """MLP -> V(x), computed and returned in fp32, on the hidden state of the last prompt token
+    and, with encoder="cnn", on the image's features from a small CNN of the critic's own.
+
+    Why the CNN: a VLM that has seen no robot data (a random-init tiny one above all) barely tells
+    scenes apart in that hidden state, so a head on it alone explains ~0 of the returns' variance
+    and the advantages are noise. A CNN learns the few numbers a value needs (where things are)
+    in a few hundred steps; the policy keeps acting from the VLM alone. With the CNN the head reads
+    the VLM's state without training it (detached): value-loss gradients through a VLM that is
+    still learning to see slowed its supervised learning of actions."""
+
+    def __init__(self, hidden_size: int, width: int, encoder: str = "none"):
         super().__init__()
-        self.fc1 = nn.Linear(hidden_size, width)
+        if encoder not in VALUE_ENCODERS:
+            raise ValueError(f"policy.value_encoder={encoder!r} is not allowed; choose one of "
+                             f"{list(VALUE_ENCODERS)}")
+        self.encoder = ImageEncoder(width) if encoder == "cnn" else None
+        self.fc1 = nn.Linear(hidden_size + (width if self.encoder is not None else 0), width)
         self.fc2 = nn.Linear(width, 1)
         # A small last layer keeps initial values near 0, the scale of normalised returns.
         nn.init.normal_(self.fc2.weight, std=0.01)
         nn.init.zeros_(self.fc2.bias)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
         # The head may have been cast (e.g. a bf16 DeepSpeed engine); follow its own dtype.
         x = hidden.to(self.fc1.weight.dtype)
+        if self.encoder is not None:
+            x = torch.cat([x.detach(), self.encoder(image).to(x.dtype)], -1)
         return self.fc2(torch.nn.functional.gelu(self.fc1(x))).squeeze(-1).float()
+
+
+class ImageEncoder(nn.Module):
+    """uint8 images [B, H, W, 3] -> features [B, width]: three strided convolutions, pooled to 8x8."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.convs = nn.Sequential(
+            nn.Conv2d(3, 16, 5, stride=2, padding=2), nn.ReLU(),
+            nn.Conv2d(16, 32, 5, stride=2, padding=2), nn.ReLU(),
+            nn.Conv2d(32, 32, 3, stride=2, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(8), nn.Flatten())
+        self.proj = nn.Linear(32 * 8 * 8, width)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        w = self.proj.weight
+        x = image.permute(0, 3, 1, 2).to(w.dtype) / 255.0
+        return torch.relu(self.proj(self.convs(x)))
 
 
 class StateEncoder(nn.Module):

@@ -1,0 +1,124 @@
+"""`asyncvla pipeline CONFIG [overrides]`: demonstrations, then SFT, then asynchronous RL.
+
+The path users take, as one command. Every stage keeps its result in the run directory RUN
+(logging.output_dir/logging.experiment_name), so a second call resumes rather than repeats:
+    1. RUN/demos/        `asyncvla collect` (collect.num_episodes)         skipped when present
+    2. RUN/sft/policy/   `asyncvla sft` on them (a cut-off SFT continues
+                         from its latest checkpoint)                       skipped when present
+    3. RUN/              `asyncvla train` from that policy                 resumed from RUN's latest
+                                                                          complete checkpoint; skipped
+                                                                          once learner.max_steps is done
+    4. RUN/summary.json  success after SFT and after RL on the same fixed initial states, sampled
+                         as the actors sample, with 95% Wilson intervals
+Each stage runs in its own processes; extra flags (--sync, --num-actors) go to `asyncvla train`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("pipeline", help="demonstrations -> SFT -> asynchronous RL, each stage cached",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", help="YAML config (see configs/)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides for every stage")
+    p.add_argument("--sync", action="store_true", help="RL with rollout and training serialised")
+    p.add_argument("--num-actors", type=int, help="local actor processes of the RL stage")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from asyncvla.common.config import ConfigError, load_config, parse_overrides
+
+    overrides = parse_overrides(args.overrides)
+    try:
+        cfg = load_config(args.config, overrides)
+    except ConfigError as e:
+        print(f"asyncvla pipeline: config error: {e}", file=sys.stderr)
+        return 2
+    run_dir = Path(cfg.logging.output_dir) / cfg.logging.experiment_name
+    demos, policy = run_dir / "demos", run_dir / "sft" / "policy"
+    cli = [sys.executable, "-m", "asyncvla.launch.cli"]
+
+    if (demos / "trajectory.h5").exists():
+        _say(f"1/3 demonstrations: cached in {demos}")
+    else:
+        _say(f"1/3 demonstrations: collecting {cfg.collect.num_episodes} episodes into {demos}")
+        if _call(cli + ["collect", args.config, *overrides, "--out", str(demos)]):
+            return 1
+    if (policy / "policy.json").exists():
+        _say(f"2/3 SFT: cached in {policy}")
+    else:
+        _say(f"2/3 SFT: {cfg.sft.steps} steps on {demos}")
+        if _call(cli + ["sft", args.config, *overrides, f"sft.data={demos}"]):
+            return 1
+    rl = [*overrides, f"policy.pretrained_path={policy}"]
+    done = _rl_step(run_dir)
+    if done is not None and done >= cfg.learner.max_steps:
+        _say(f"3/3 RL: done ({done} updates in {run_dir / 'checkpoints'})")
+    else:
+        _say(f"3/3 RL: {cfg.learner.max_steps} updates" + (f", resuming at {done}" if done else ""))
+        flags = (["--resume", str(run_dir)] if done else []) + (["--sync"] if args.sync else []) + \
+            (["--num-actors", str(args.num_actors)] if args.num_actors else [])
+        if _call(cli + ["train", args.config, *rl, *flags]):
+            return 1
+    summary = final_summary(cfg, run_dir)
+    print(format_final(summary), flush=True)
+    return 0
+
+
+def final_summary(cfg, run_dir: Path) -> dict:
+    """Success after SFT (its last evaluation) and after RL (the published weights of the last
+    checkpoint, what the actors ran), on the same fixed initial states, sampled as actors sample."""
+    from asyncvla.actors.evaluate import evaluate_policy
+    from asyncvla.learner.export import load_checkpoint
+
+    sft = json.loads((run_dir / "sft" / "summary.json").read_text())
+    last = sft["history"][-1]
+    policy, rl_cfg, source = load_checkpoint(run_dir, weights="ema")
+    rl = evaluate_policy(policy, rl_cfg.env, policy.cfg, cfg.sft.eval_episodes, greedy=False,
+                         seed=cfg.env.seed)
+    summary = {
+        "env_id": cfg.env.id, "episodes": cfg.sft.eval_episodes, "sampled": True,
+        "sft": {"steps": sft["steps"], "success_rate": last["success_rate"],
+                "ci95": [last["success_ci_low"], last["success_ci_high"]]},
+        "rl": {"updates": source["step"], "success_rate": rl["success_rate"], "ci95": rl["success_ci95"]},
+        "tensorboard": [str(run_dir / "sft" / "tb"), str(run_dir / "tb")]}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def format_final(s: dict) -> str:
+    def line(name, r, what):
+        lo, hi = r["ci95"]
+        return f"  after {name:4s}({what}): {100 * r['success_rate']:5.1f}%  95% CI [{100 * lo:.1f}, {100 * hi:.1f}]"
+    return "\n".join([
+        f"asyncvla pipeline: {s['env_id']}, {s['episodes']} fixed episodes, actions sampled as actors sample",
+        line("SFT", s["sft"], f"{s['sft']['steps']} steps"),
+        line("RL", s["rl"], f"{s['rl']['updates']} updates"),
+        f"  tensorboard --logdir {' --logdir '.join(s['tensorboard'])}"])
+
+
+def _rl_step(run_dir: Path):
+    """Updates done by the latest complete RL checkpoint of run_dir, or None."""
+    from asyncvla.learner import checkpoint
+    if not (run_dir / checkpoint.CHECKPOINTS).is_dir():
+        return None
+    latest = checkpoint.find_latest(run_dir)
+    return None if latest is None else int(checkpoint.read_marker(latest)["step"])
+
+
+def _call(cmd: list[str]) -> int:
+    code = subprocess.call(cmd)
+    if code:
+        print(f"asyncvla pipeline: '{' '.join(cmd[3:5])}' failed with exit code {code}", file=sys.stderr)
+    return code
+
+
+def _say(msg: str) -> None:
+    print(f"asyncvla pipeline: {msg}", flush=True)

@@ -1,0 +1,236 @@
+"""Supervised fine-tuning (SFT) on demonstrations: the warm start before RL.
+
+    asyncvla sft CONFIG sft.data=DEMO_DIR [key=value ...]
+
+It trains the RL learner's own policy on the RL learner's own DeepSpeed ZeRO-3 engine
+(`engine.build_engine`) and checkpoints with the same code (`checkpoint.save/load`). The loop:
+    a minibatch of demo samples (learner/sft_data.py)
+    loss = cross-entropy of the demo's action tokens (teacher-forced, temperature 1)
+         + value_loss_coef * (V(x) - G)^2        (critic warm-up on the demos' discounted returns)
+    every eval_interval and at the end: validation loss, token accuracy, critic explained variance,
+        and success of the policy sampled as actors sample (the launcher's `evaluate` callback)
+    every save_interval: a checkpoint; a rerun continues from the latest complete one
+At the end the policy goes to RUN/sft/policy (`save_pretrained`), which `policy.pretrained_path`,
+`asyncvla eval` and `asyncvla export` take. Metrics go to tensorboard under sft/*.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from asyncvla.common.config import Config, to_dict
+from asyncvla.common.demos import DemoSpec, read_demos
+from asyncvla.common.policy import VLAPolicy
+from asyncvla.learner import checkpoint, engine as ds_engine
+from asyncvla.learner.publish import gather_trainable
+from asyncvla.learner.sft_data import SFTSamples, build_samples, split_by_episode
+
+log = logging.getLogger("asyncvla.sft")
+
+SFT_DIR = "sft"
+POLICY_DIR = "policy"
+SUMMARY = "summary.json"
+
+
+def sft_dir(cfg: Config) -> Path:
+    return Path(cfg.logging.output_dir) / cfg.logging.experiment_name / SFT_DIR
+
+
+def demo_spec(cfg: Config) -> DemoSpec:
+    """What demo files must match for this config (a file without a control mode is not checked)."""
+    return DemoSpec(camera=cfg.env.camera, image_size=cfg.policy.image_size,
+                    action_dim=cfg.policy.action_dim, control_mode=cfg.env.control_mode, env_id=cfg.env.id)
+
+
+def sft_loss(token_logp: torch.Tensor, values: torch.Tensor, returns: torch.Tensor,
+             value_loss_coef: float) -> tuple[torch.Tensor, dict]:
+    """Mean token cross-entropy + value_loss_coef * mean squared error of V against the returns."""
+    ce = -token_logp.mean()
+    value_loss = (values - returns).pow(2).mean()
+    loss = ce + value_loss_coef * value_loss
+    return loss, {"loss": float(ce.detach()), "value_loss": float(value_loss.detach())}
+
+
+def explained_variance(pred: np.ndarray, target: np.ndarray) -> float:
+    """1 - Var(target - pred) / Var(target); nan when the target does not vary."""
+    var = float(np.var(target))
+    return float("nan") if var == 0 else 1.0 - float(np.var(target - pred)) / var
+
+
+def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: Optional[str] = None,
+        progress: bool = True) -> Path:
+    """Train, evaluate, checkpoint; return the policy directory written at the end.
+
+    evaluate(policy, step) -> an `actors.evaluate` summary (success_rate, success_ci95), on rank 0;
+    default_instruction: for demo episodes that carry none (files from ManiSkill's tools)."""
+    ds_engine.init_distributed(cfg)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = sft_dir(cfg)
+    sc = cfg.sft
+    if sc.batch_size % world:
+        raise ValueError(f"sft.batch_size={sc.batch_size} must be a multiple of the ranks ({world})")
+
+    episodes = read_demos(sc.data, demo_spec(cfg), max_steps=sc.max_demo_steps)
+    samples = build_samples(episodes, cfg.policy.num_action_chunks, cfg.algorithm.gamma,
+                            cfg.algorithm.reward_type, default_instruction or cfg.env.instruction)
+    train, val = split_by_episode(samples, len(episodes), sc.val_fraction, sc.seed)
+    log.info("%d demo episodes, %d steps: %d train / %d validation samples", len(episodes),
+             len(samples), len(train), len(val) if val is not None else 0)
+
+    torch.manual_seed(sc.seed)
+    init_dir = out / "policy_init"
+    if rank == 0 and not (init_dir / "policy.json").exists():
+        VLAPolicy.build(cfg.policy).save_pretrained(init_dir)
+    dist.barrier()
+    policy = VLAPolicy.from_pretrained(init_dir)
+    engine_cfg = _engine_config(cfg)
+    per_rank = sc.batch_size // world
+    accum = -(-per_rank // cfg.learner.micro_batch_size)
+    engine = ds_engine.build_engine(policy, engine_cfg, gradient_accumulation_steps=accum)
+    tokenizer = policy.action_tokenizer
+    ids, mask = _tokenize(policy, samples.instructions)
+
+    step = 0
+    latest = checkpoint.find_latest(out) if (out / checkpoint.CHECKPOINTS).exists() else None
+    if latest is not None:
+        step = int(checkpoint.load(engine, latest)["step"])
+        log.info("continuing SFT from %s (step %d)", latest, step)
+
+    writer = _writer(out) if rank == 0 else None
+    eval_policy = VLAPolicy.from_pretrained(init_dir) if rank == 0 else None
+    rng = np.random.default_rng([sc.seed, step])
+    bar = _bar(sc.steps, step, progress and rank == 0)
+    history = []
+    t0 = time.perf_counter()
+    while step < sc.steps:
+        batch = rng.choice(len(train), sc.batch_size, replace=len(train) < sc.batch_size)
+        mine = batch[rank * per_rank:(rank + 1) * per_rank]      # every rank draws the same batch
+        stats = _train_step(engine, train, mine, ids, mask, tokenizer, cfg, accum)
+        step += 1
+        if writer is not None:
+            for k, v in stats.items():
+                writer.add_scalar(f"sft/train_{k}", v, step)
+        bar.set_postfix_str(f"loss {stats['loss']:.3f} acc {stats['token_accuracy']:.2f}")
+        bar.update(1)
+        last = step == sc.steps
+        if last or (sc.eval_interval and step % sc.eval_interval == 0):
+            record = _evaluate(engine, eval_policy, val, ids, mask, tokenizer, cfg, step, evaluate)
+            record.update(step=step, wall_s=round(time.perf_counter() - t0, 1))
+            history.append(record)
+            if writer is not None:
+                for k, v in record.items():
+                    if k not in ("step", "wall_s") and v is not None:
+                        writer.add_scalar(f"sft/{k}", v, step)
+                writer.flush()
+            bar.write(_format(record))
+        if last or step % sc.save_interval == 0:
+            checkpoint.save(engine, out, step, {"step": step, "config": to_dict(cfg)}, keep_last=1)
+    bar.close()
+
+    policy_dir = out / POLICY_DIR
+    weights = gather_trainable(engine)
+    if rank == 0:
+        eval_policy.load_trainable_state_dict(weights)
+        eval_policy.save_pretrained(policy_dir)
+        summary = {"steps": step, "demo_episodes": len(episodes), "demo_steps": len(samples),
+                   "history": history}
+        (out / SUMMARY).write_text(json.dumps(summary, indent=2))
+        writer.close()
+    dist.barrier()
+    return policy_dir
+
+
+# ----------------------------------------------------------------------------------- helpers
+def _engine_config(cfg: Config) -> Config:
+    """The RL engine's config with SFT's learning rates (no warm-up)."""
+    import dataclasses
+    learner = dataclasses.replace(cfg.learner, lr=cfg.sft.lr, value_lr=cfg.sft.value_lr, lr_warmup_steps=0)
+    return dataclasses.replace(cfg, learner=learner)
+
+
+def _tokenize(policy, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and masks per sample, tokenizing each distinct instruction once."""
+    unique = sorted(set(texts))
+    ids, mask = policy.tokenize(unique)
+    row = {t: i for i, t in enumerate(unique)}
+    index = np.array([row[t] for t in texts])
+    return ids[index], mask[index]
+
+
+def _forward(engine, data: SFTSamples, index, ids, mask, tokenizer, cfg: Config):
+    """Teacher-forced pass over samples `index` of `data` (ids/mask are indexed by data's rows)."""
+    device = next(engine.module.parameters()).device
+    tokens = tokenizer.encode(data.actions[index].reshape(len(index), -1))
+    t = lambda x: torch.as_tensor(np.ascontiguousarray(x), device=device)   # noqa: E731
+    out = engine(t(data.images[index]), t(ids[index]), t(mask[index]), None, t(tokens), "token_level",
+                 temperature=1.0)
+    return out, t(tokens), t(data.returns[index]).float()
+
+
+def _train_step(engine, data: SFTSamples, index, ids, mask, tokenizer, cfg: Config, accum: int) -> dict:
+    engine.train()
+    sums = {"loss": 0.0, "value_loss": 0.0, "token_accuracy": 0.0}
+    micro = np.array_split(index, accum)
+    for rows in micro:
+        out, tokens, returns = _forward(engine, data, rows, ids, mask, tokenizer, cfg)
+        loss, stats = sft_loss(out.logprobs, out.values, returns, cfg.sft.value_loss_coef)
+        engine.backward(loss * (len(rows) * accum / len(index)))     # DeepSpeed divides by accum
+        engine.step()
+        stats["token_accuracy"] = float((out.mode_tokens == tokens).float().mean())
+        for k in sums:
+            sums[k] += stats[k] * len(rows) / len(index)
+    return sums
+
+
+@torch.no_grad()
+def _evaluate(engine, eval_policy, val, ids, mask, tokenizer, cfg, step, evaluate) -> dict:
+    """Validation loss / token accuracy / critic explained variance, then success (rank 0)."""
+    record = {"val_loss": None, "val_token_accuracy": None, "val_explained_variance": None}
+    if val is not None:
+        engine.eval()
+        losses, hits, values = [], [], []
+        for rows in np.array_split(np.arange(len(val)), -(-len(val) // cfg.learner.micro_batch_size)):
+            out, tokens, _ = _forward(engine, val, rows, ids, mask, tokenizer, cfg)
+            losses.append(-out.logprobs.mean(1))
+            hits.append((out.mode_tokens == tokens).float().mean(1))
+            values.append(out.values)
+        record["val_loss"] = float(torch.cat(losses).mean())
+        record["val_token_accuracy"] = float(torch.cat(hits).mean())
+        record["val_explained_variance"] = explained_variance(torch.cat(values).cpu().numpy(), val.returns)
+    weights = gather_trainable(engine)         # a collective: every rank
+    if eval_policy is not None and evaluate is not None:
+        eval_policy.load_trainable_state_dict(weights)
+        summary = evaluate(eval_policy, step)
+        low, high = summary["success_ci95"]
+        record.update(success_rate=summary["success_rate"], success_ci_low=low, success_ci_high=high)
+    return record
+
+
+def _format(r: dict) -> str:
+    parts = [f"sft step {r['step']}"]
+    if r.get("val_loss") is not None:
+        parts.append(f"val loss {r['val_loss']:.3f} acc {r['val_token_accuracy']:.2f} "
+                     f"critic EV {r['val_explained_variance']:.2f}")
+    if r.get("success_rate") is not None:
+        parts.append(f"success {100 * r['success_rate']:.0f}% "
+                     f"[{100 * r['success_ci_low']:.0f}, {100 * r['success_ci_high']:.0f}]")
+    return ", ".join(parts) + f" ({r['wall_s']:.0f} s)"
+
+
+def _writer(out: Path):
+    from torch.utils.tensorboard import SummaryWriter
+    return SummaryWriter(str(out / "tb"))
+
+
+def _bar(total: int, start: int, enabled: bool):
+    from tqdm import tqdm
+    return tqdm(total=total, initial=start, desc="sft", unit="step", disable=not enabled,
+                dynamic_ncols=True)

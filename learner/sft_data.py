@@ -1,0 +1,97 @@
+"""Supervised samples from demonstrations: what the policy sees, the action tokens it should emit,
+and the discounted return the critic should predict.
+
+A sample is one demo step t: the image at t, the episode's instruction, and the chunk of the next
+K labelled actions a_t .. a_{t+K-1} (an episode's last steps repeat its final action), tokenized
+exactly as RL actions are (`ActionTokenizer.encode`). Every step starts a sample, so a demo of T
+steps gives T samples. The critic's target is the Monte-Carlo return in RL's own units:
+
+    chunk_level:   G_t = sum_j  gamma^j  * (r_{t+jK} + ... + r_{t+jK+K-1})
+    action_level:  G_t = sum_i  gamma^i  * r_{t+i}
+
+(`returns_to_go`; an episode that ends in success adds nothing after its end, as a terminal state.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from asyncvla.common.demos import DemoEpisode
+
+
+@dataclass
+class SFTSamples:
+    images: np.ndarray         # uint8 [n, H, W, 3]
+    instructions: list         # str per sample
+    actions: np.ndarray        # float32 [n, K, D]
+    returns: np.ndarray        # float32 [n]
+    episode: np.ndarray        # int64 [n]: index of the demo episode it came from
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+    def subset(self, index: np.ndarray) -> "SFTSamples":
+        return SFTSamples(self.images[index], [self.instructions[i] for i in index], self.actions[index],
+                          self.returns[index], self.episode[index])
+
+
+def action_chunks(actions: np.ndarray, K: int) -> np.ndarray:
+    """[T, D] -> [T, K, D]: chunk t holds actions t .. t+K-1, the last action repeated past the end."""
+    T = len(actions)
+    idx = np.minimum(np.arange(T)[:, None] + np.arange(K)[None, :], T - 1)
+    return actions[idx]
+
+
+def returns_to_go(rewards: np.ndarray, gamma: float, K: int, reward_type: str) -> np.ndarray:
+    """Discounted return from every step t of one episode (see the module docstring)."""
+    T = len(rewards)
+    out = np.zeros(T, np.float64)
+    if reward_type == "action_level":
+        acc = 0.0
+        for t in range(T - 1, -1, -1):
+            acc = rewards[t] + gamma * acc
+            out[t] = acc
+        return out.astype(np.float32)
+    # chunk_level: G_t = R_t^chunk + gamma * G_{t+K}, with R_t^chunk the sum of the next K rewards
+    csum = np.concatenate([[0.0], np.cumsum(rewards, dtype=np.float64)])
+    chunk = csum[np.minimum(np.arange(T) + K, T)] - csum[:T]
+    for t in range(T - 1, -1, -1):
+        out[t] = chunk[t] + (gamma * out[t + K] if t + K < T else 0.0)
+    return out.astype(np.float32)
+
+
+def build_samples(episodes: list[DemoEpisode], K: int, gamma: float, reward_type: str,
+                  default_instruction: str | None) -> SFTSamples:
+    """Every step of every episode as a sample. Episodes without rewards get return 0 (the critic
+    warm-up then has nothing to learn from them: set sft.value_loss_coef=0)."""
+    images, instr, chunks, rets, ep_index = [], [], [], [], []
+    for i, ep in enumerate(episodes):
+        text = ep.instruction or default_instruction
+        if not text:
+            raise ValueError(f"demo episode {ep.episode_id} has no instruction and the env has none "
+                             "(set env.instruction)")
+        T = ep.num_steps
+        images.append(ep.images[:T])
+        instr += [text] * T
+        chunks.append(action_chunks(ep.actions, K))
+        rets.append(returns_to_go(ep.rewards, gamma, K, reward_type) if ep.rewards is not None
+                    else np.zeros(T, np.float32))
+        ep_index.append(np.full(T, i, np.int64))
+    return SFTSamples(np.concatenate(images), instr, np.concatenate(chunks).astype(np.float32),
+                      np.concatenate(rets), np.concatenate(ep_index))
+
+
+def split_by_episode(samples: SFTSamples, num_episodes: int, val_fraction: float,
+                     seed: int) -> tuple[SFTSamples, SFTSamples | None]:
+    """Hold out whole episodes (steps of one episode are near-duplicates: splitting steps would leak)."""
+    n_val = int(round(val_fraction * num_episodes))
+    if val_fraction > 0 and num_episodes >= 2:
+        n_val = min(max(n_val, 1), num_episodes - 1)
+    else:
+        n_val = 0
+    held = np.random.default_rng(seed).permutation(num_episodes)[:n_val]
+    is_val = np.isin(samples.episode, held)
+    train = samples.subset(np.flatnonzero(~is_val))
+    return train, (samples.subset(np.flatnonzero(is_val)) if n_val else None)

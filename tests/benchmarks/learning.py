@@ -1,0 +1,212 @@
+"""Learning speed: success against wall time and env steps, asynchronous vs synchronous vs no correction.
+
+What users buy is reaching a success rate sooner, so this is the product's headline benchmark.
+From ONE warm start (the pixel task's demos + SFT, made once with `asyncvla collect` and
+`asyncvla sft` and cached under OUT/learning/), three arms of
+`asyncvla train configs/pixel_task.yaml policy.pretrained_path=SFT` get the same wall-clock budget
+(learner.max_time_s):
+    async    the system as shipped
+    sync     --sync: rollout and training in series (today's synchronous VLA-RL loop)
+    nocorr   asynchronous, algorithm.off_policy_correction=none (no V-trace: stale data as on-policy)
+Each arm checkpoints every few updates. Afterwards the published (EMA) weights of every
+checkpoint — what the actors were running — are evaluated on the same fixed initial states,
+sampled as actors sample, with Wilson 95 % intervals, and placed at the wall time of its save
+(from the launcher's start: start-up counts) and at the env steps the learner had consumed.
+The SFT policy itself is the point at time 0.
+
+Prints a table (success at fixed times; time and env steps to the highest threshold every arm
+reaches; async/sync time ratio, goal <= 0.6), writes OUT/learning.csv (one row per evaluation),
+OUT/learning.png (success vs wall time and vs env steps, with interval bands) and the JSON.
+
+    python -m tests.benchmarks.learning [--quick] [--out bench_results/learning.json]
+    (--quick: 3-minute arms, 32 episodes; full: 15-minute arms, 64 episodes: ~55 min on 2 cores)
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.benchmarks import workload
+from tests.benchmarks.report import Figure, at_most, main
+
+CONFIG = workload.CONFIG
+ARMS = {"async": [], "sync": ["--sync"], "nocorr": ["algorithm.off_policy_correction=none"]}
+THRESHOLDS = (0.9, 0.8, 0.7, 0.6, 0.5)
+REPORT_AT_MIN = (0, 2, 5, 10, 15)
+EVAL_SEED = 0
+OUT_DIR = Path("bench_results")
+
+
+def run(quick: bool = False, out_dir: Path = OUT_DIR, arms=tuple(ARMS)) -> dict:
+    budget_s = 180.0 if quick else 900.0
+    episodes = 32 if quick else 64
+    save_every = 5
+    work = out_dir / "learning"
+    sft_policy = warm_start(work)
+    results = {"config": CONFIG, "budget_s": budget_s, "episodes": episodes, "eval_seed": EVAL_SEED,
+               "save_interval": save_every, "sft_policy": str(sft_policy), "arms": {}}
+    sft_point = evaluate_policy_dir(sft_policy, episodes)
+    for arm in arms:
+        print(f"[learning] {arm}: {budget_s:.0f} s of training", flush=True)
+        run_dir, started = train_arm(arm, sft_policy, work, budget_s, save_every)
+        curve = [dict(sft_point, wall_s=0.0, env_steps=0, step=0)]
+        curve += evaluate_checkpoints(run_dir, started, episodes)
+        results["arms"][arm] = {"run_dir": str(run_dir), "curve": curve}
+    results["summary"] = summarize(results)
+    write_outputs(results, out_dir)
+    return results
+
+
+# ---------------------------------------------------------------------------------------- stages
+def warm_start(work: Path) -> Path:
+    """demos + SFT under `work` with the config's own settings, made once (cached)."""
+    demos, policy = work / "demos", work / "sft_run" / "sft" / "policy"
+    cli = [sys.executable, "-m", "asyncvla.launch.cli"]
+    if not (demos / "trajectory.h5").exists():
+        subprocess.run(cli + ["collect", CONFIG, "--out", str(demos)], check=True)
+    if not (policy / "policy.json").exists():
+        subprocess.run(cli + ["sft", CONFIG, f"sft.data={demos}", f"logging.output_dir={work}",
+                              "logging.experiment_name=sft_run", "logging.progress=false"], check=True)
+    return policy
+
+
+def train_arm(arm: str, sft_policy: Path, work: Path, budget_s: float, save_every: int):
+    """One `asyncvla train` run of `budget_s` seconds of training; returns (run dir, start time)."""
+    run_dir = work / arm
+    if run_dir.exists():
+        import shutil
+        shutil.rmtree(run_dir)
+    control, weights, trajectories, master = workload.free_ports(4)
+    ports = [f"transport.control_port={control}", f"transport.weights_port={weights}",
+             f"transport.trajectory_port={trajectories}", f"launch.master_port={master}"]
+    flags = [a for a in ARMS[arm] if a.startswith("--")]
+    overrides = [a for a in ARMS[arm] if not a.startswith("--")]
+    cmd = [sys.executable, "-m", "asyncvla.launch.cli", "train", CONFIG, *flags, *overrides, *ports,
+           f"policy.pretrained_path={sft_policy}", f"logging.output_dir={work}", f"logging.experiment_name={arm}",
+           "logging.progress=false", "learner.max_steps=100000", f"learner.max_time_s={budget_s}",
+           f"checkpoint.save_interval={save_every}", "checkpoint.keep_last=100000", "eval.eval_interval=0"]
+    started = time.time()
+    subprocess.run(cmd, check=True, timeout=budget_s + 300, stdout=subprocess.DEVNULL)
+    return run_dir, started
+
+
+def evaluate_checkpoints(run_dir: Path, started: float, episodes: int) -> list[dict]:
+    from asyncvla.learner import checkpoint
+    from asyncvla.learner.export import load_checkpoint
+
+    points = []
+    for tag in checkpoint._complete_tags(run_dir / checkpoint.CHECKPOINTS):     # noqa: SLF001
+        marker = checkpoint.read_marker(tag)
+        state = checkpoint.read_client_state(tag)
+        policy, cfg, _ = load_checkpoint(tag, weights="ema")
+        point = evaluate(policy, cfg, episodes)
+        point.update(wall_s=marker["saved_at"] - started, env_steps=int(state["env_steps"]),
+                     step=int(state["step"]))
+        points.append(point)
+    return points
+
+
+def evaluate_policy_dir(policy_dir: Path, episodes: int) -> dict:
+    from asyncvla.common.config import load_config
+    from asyncvla.common.policy import VLAPolicy
+    return evaluate(VLAPolicy.from_pretrained(str(policy_dir)), load_config(CONFIG), episodes)
+
+
+def evaluate(policy, cfg, episodes: int) -> dict:
+    from asyncvla.actors.evaluate import evaluate_policy
+    s = evaluate_policy(policy, cfg.env, policy.cfg, episodes, greedy=False, seed=EVAL_SEED)
+    return {"success": s["success_rate"], "ci_low": s["success_ci95"][0], "ci_high": s["success_ci95"][1]}
+
+
+# ---------------------------------------------------------------------------------------- report
+def at_time(curve: list[dict], t: float) -> dict | None:
+    """The last evaluation at or before wall time t (None when t is past the run's end)."""
+    if t > curve[-1]["wall_s"] + 60:
+        return None
+    before = [p for p in curve if p["wall_s"] <= t]
+    return before[-1] if before else curve[0]
+
+
+def first_reaching(curve: list[dict], threshold: float) -> dict | None:
+    return next((p for p in curve if p["success"] >= threshold), None)
+
+
+def summarize(results: dict) -> dict:
+    arms = results["arms"]
+    common = next((th for th in THRESHOLDS if all(first_reaching(a["curve"], th) for a in arms.values())), None)
+    out = {"threshold": common, "reach": {}, "at_minutes": {}}
+    for name, a in arms.items():
+        hit = first_reaching(a["curve"], common) if common is not None else None
+        out["reach"][name] = None if hit is None else {"wall_s": hit["wall_s"], "env_steps": hit["env_steps"]}
+        out["at_minutes"][name] = {m: at_time(a["curve"], 60 * m) for m in REPORT_AT_MIN}
+    r = out["reach"]
+    if r.get("async") and r.get("sync"):
+        out["time_ratio_async_sync"] = r["async"]["wall_s"] / max(r["sync"]["wall_s"], 1e-9)
+    return out
+
+
+def write_outputs(results: dict, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "learning.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["arm", "wall_s", "env_steps", "step", "success", "ci_low", "ci_high"])
+        for name, a in results["arms"].items():
+            for p in a["curve"]:
+                w.writerow([name, round(p["wall_s"], 1), p["env_steps"], p["step"], p["success"],
+                            round(p["ci_low"], 4), round(p["ci_high"], 4)])
+    plot(results, out_dir / "learning.png")
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for name, a in results["arms"].items():
+        c = a["curve"]
+        for ax, key, scale in ((axes[0], "wall_s", 60.0), (axes[1], "env_steps", 1000.0)):
+            x = [p[key] / scale for p in c]
+            ax.plot(x, [p["success"] for p in c], marker="o", ms=3, label=name)
+            ax.fill_between(x, [p["ci_low"] for p in c], [p["ci_high"] for p in c], alpha=0.2)
+    axes[0].set_xlabel("wall time (min)")
+    axes[1].set_xlabel("env steps (thousands)")
+    axes[0].set_ylabel(f"success ({results['episodes']} fixed episodes, sampled; 95% CI)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.set_ylim(0, 1)
+    axes[0].legend()
+    fig.suptitle("PixelReach-v0 from one SFT warm start: async vs sync vs no off-policy correction")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figures(results: dict) -> list[Figure]:
+    s = results["summary"]
+    figs = []
+    for name, a in results["arms"].items():
+        for m, p in s["at_minutes"][name].items():
+            if p is not None and 60 * m <= results["budget_s"]:
+                figs.append(Figure("learning", f"{name}: success at {m} min", p["success"], "%",
+                                   note=f"95% CI [{100 * p['ci_low']:.0f}, {100 * p['ci_high']:.0f}] %, "
+                                        f"{p['env_steps']} env steps"))
+    th = s["threshold"]
+    for name, r in s["reach"].items():
+        figs.append(Figure("learning", f"{name}: time to {th:.0%} success" if th else f"{name}: time to threshold",
+                           None if r is None else r["wall_s"], "s",
+                           note="no threshold all arms reach" if r is None else f"{r['env_steps']} env steps"))
+    ratio = s.get("time_ratio_async_sync")
+    figs.append(Figure("learning", "async / sync time to threshold", ratio, "x", "<= 0.6", at_most(ratio, 0.6),
+                       note="wrote learning.csv and learning.png"))
+    return figs
+
+
+if __name__ == "__main__":
+    main(sys.modules[__name__])
