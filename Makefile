@@ -28,8 +28,9 @@ train: setup
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Performance figures beside their baselines and goals (issue #9): one table, and the JSON in
-# bench_results/bench.json. ~7 minutes on 2 CPU cores; `make bench ARGS=--quick` takes ~4.
+# Performance and learning figures beside their baselines and goals: one table, and the JSON in
+# bench_results/bench.json (+ learning.csv / learning.png). ~65 minutes on 2 CPU cores, most of it
+# the learning benchmark's three 15-minute runs; `make bench ARGS=--quick` takes ~20.
 bench: setup
 	$(PY) -m tests.benchmarks.run_all $(ARGS)
 

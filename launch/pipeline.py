@@ -5,9 +5,9 @@ The path users take, as one command. Every stage keeps its result in the run dir
     1. RUN/demos/        `asyncvla collect` (collect.num_episodes)         skipped when present
     2. RUN/sft/policy/   `asyncvla sft` on them (a cut-off SFT continues
                          from its latest checkpoint)                       skipped when present
-    3. RUN/              `asyncvla train` from that policy                 resumed from RUN's latest
-                                                                          complete checkpoint; skipped
-                                                                          once learner.max_steps is done
+    3. RUN/              `asyncvla train` from that policy (budget:       resumed from RUN's latest
+                         learner.max_steps / max_env_steps / max_time_s)   complete checkpoint; skipped
+                                                                          once it ended by its budget
     4. RUN/summary.json  success after SFT and after RL on the same fixed initial states, sampled
                          as the actors sample, with 95% Wilson intervals
 Each stage runs in its own processes; extra flags (--sync, --num-actors) go to `asyncvla train`.
@@ -20,6 +20,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+RL_FINISHED = "rl_finished.json"      # written once `asyncvla train` has ended by its budget
+SUMMARY = "summary.json"
 
 
 def add_parser(sub) -> None:
@@ -58,15 +61,20 @@ def run(args) -> int:
         if _call(cli + ["sft", args.config, *overrides, f"sft.data={demos}"]):
             return 1
     rl = [*overrides, f"policy.pretrained_path={policy}"]
-    done = _rl_step(run_dir)
-    if done is not None and done >= cfg.learner.max_steps:
+    done, finished = _rl_step(run_dir), run_dir / RL_FINISHED
+    if finished.exists() and (run_dir / SUMMARY).exists():
+        _say(f"3/3 RL: done ({done} updates in {run_dir / 'checkpoints'})")
+        print(format_final(json.loads((run_dir / SUMMARY).read_text())), flush=True)
+        return 0
+    if finished.exists():
         _say(f"3/3 RL: done ({done} updates in {run_dir / 'checkpoints'})")
     else:
-        _say(f"3/3 RL: {cfg.learner.max_steps} updates" + (f", resuming at {done}" if done else ""))
+        _say(f"3/3 RL: {_budget(cfg)}" + (f", resuming at update {done}" if done else ""))
         flags = (["--resume", str(run_dir)] if done else []) + (["--sync"] if args.sync else []) + \
             (["--num-actors", str(args.num_actors)] if args.num_actors else [])
         if _call(cli + ["train", args.config, *rl, *flags]):
             return 1
+        finished.write_text(json.dumps({"updates": _rl_step(run_dir)}))
     summary = final_summary(cfg, run_dir)
     print(format_final(summary), flush=True)
     return 0
@@ -89,7 +97,7 @@ def final_summary(cfg, run_dir: Path) -> dict:
                 "ci95": [last["success_ci_low"], last["success_ci_high"]]},
         "rl": {"updates": source["step"], "success_rate": rl["success_rate"], "ci95": rl["success_ci95"]},
         "tensorboard": [str(run_dir / "sft" / "tb"), str(run_dir / "tb")]}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (run_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
     return summary
 
 
@@ -102,6 +110,16 @@ def format_final(s: dict) -> str:
         line("SFT", s["sft"], f"{s['sft']['steps']} steps"),
         line("RL", s["rl"], f"{s['rl']['updates']} updates"),
         f"  tensorboard --logdir {' --logdir '.join(s['tensorboard'])}"])
+
+
+def _budget(cfg) -> str:
+    lc = cfg.learner
+    parts = [f"{lc.max_steps} updates"]
+    if lc.max_env_steps:
+        parts.append(f"{lc.max_env_steps} env steps")
+    if lc.max_time_s:
+        parts.append(f"{lc.max_time_s:.0f} s")
+    return "up to " + " / ".join(parts)
 
 
 def _rl_step(run_dir: Path):
