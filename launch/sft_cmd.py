@@ -6,8 +6,7 @@ warm-up on the demos' discounted returns (learner/sft.py). It writes RUN/sft/: t
 checkpoints/ (a rerun continues from the latest complete one), eval/step_N/summary.json (success
 sampled as actors sample, on fixed initial states), summary.json and policy/, the fine-tuned policy
 for `asyncvla train CONFIG policy.pretrained_path=RUN/sft/policy`, `asyncvla eval` and `asyncvla
-export`. RUN is logging.output_dir/logging.experiment_name. One process, one rank; for several,
-start `deepspeed --num_gpus N --module asyncvla.launch.sft_cmd CONFIG ...`.
+export`. RUN is logging.output_dir/logging.experiment_name. It runs in this process as one rank.
 """
 
 from __future__ import annotations
@@ -83,10 +82,3 @@ def default_instruction(cfg):
     except ValueError:
         return cfg.env.instruction
 
-
-if __name__ == "__main__":     # under `deepspeed --module asyncvla.launch.sft_cmd`
-    parser = argparse.ArgumentParser(prog="asyncvla.launch.sft_cmd")
-    parser.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)
-    add_parser(parser.add_subparsers(dest="command", required=False))
-    ns, rest = parser.parse_known_args()
-    sys.exit(run(parser.parse_args(["sft", *rest])))

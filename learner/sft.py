@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from asyncvla.common.config import Config, to_dict
+from asyncvla.common.config import Config, to_dict, to_yaml
 from asyncvla.common.demos import DemoSpec, read_demos
 from asyncvla.common.policy import VLAPolicy
 from asyncvla.learner import checkpoint, engine as ds_engine
@@ -98,17 +98,17 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
     tokenizer = policy.action_tokenizer
     ids, mask = _tokenize(policy, samples.instructions)
 
-    step = 0
+    step, history = 0, []
     latest = checkpoint.find_latest(out) if (out / checkpoint.CHECKPOINTS).exists() else None
     if latest is not None:
-        step = int(checkpoint.load(engine, latest)["step"])
+        state = checkpoint.load(engine, latest)
+        step, history = int(state["step"]), list(state.get("history", []))
         log.info("continuing SFT from %s (step %d)", latest, step)
 
     writer = _writer(out) if rank == 0 else None
     eval_policy = VLAPolicy.from_pretrained(init_dir) if rank == 0 else None
     rng = np.random.default_rng([sc.seed, step])
     bar = _bar(sc.steps, step, progress and rank == 0)
-    history = []
     t0 = time.perf_counter()
     while step < sc.steps:
         batch = rng.choice(len(train), sc.batch_size, replace=len(train) < sc.batch_size)
@@ -132,7 +132,8 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
                 writer.flush()
             bar.write(_format(record))
         if last or step % sc.save_interval == 0:
-            checkpoint.save(engine, out, step, {"step": step, "config": to_dict(cfg)}, keep_last=1)
+            checkpoint.save(engine, out, step, {"step": step, "config": to_dict(cfg), "history": history},
+                            keep_last=1)
     bar.close()
 
     policy_dir = out / POLICY_DIR
@@ -140,6 +141,7 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
     if rank == 0:
         eval_policy.load_trainable_state_dict(weights)
         eval_policy.save_pretrained(policy_dir)
+        (policy_dir / "config.yaml").write_text(to_yaml(cfg))     # `asyncvla eval` takes the env from it
         summary = {"steps": step, "demo_episodes": len(episodes), "demo_steps": len(samples),
                    "history": history}
         (out / SUMMARY).write_text(json.dumps(summary, indent=2))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from asyncvla.common.demos import DemoEpisode
+from asyncvla.common.demos import DemoEpisode, DemoError
 
 
 @dataclass
@@ -70,8 +70,8 @@ def build_samples(episodes: list[DemoEpisode], K: int, gamma: float, reward_type
     for i, ep in enumerate(episodes):
         text = ep.instruction or default_instruction
         if not text:
-            raise ValueError(f"demo episode {ep.episode_id} has no instruction and the env has none "
-                             "(set env.instruction)")
+            raise DemoError(f"demo episode {ep.episode_id} has no instruction and the env has none "
+                            "(set env.instruction)")
         T = ep.num_steps
         images.append(ep.images[:T])
         instr += [text] * T

@@ -20,6 +20,8 @@ OUT/learning.png (success vs wall time and vs env steps, with interval bands) an
 
     python -m tests.benchmarks.learning [--quick] [--out bench_results/learning.json]
     (--quick: 3-minute arms, 32 episodes; full: 15-minute arms, 64 episodes: ~55 min on 2 cores)
+An arm whose run under OUT/learning/ has finished is evaluated again but not retrained; delete
+OUT/learning/ARM (or all of OUT/learning/) to train it anew.
 """
 
 from __future__ import annotations
@@ -28,8 +30,7 @@ import csv
 import json
 import subprocess
 import sys
-import tempfile
-import time
+import shutil
 from pathlib import Path
 
 from tests.benchmarks import workload
@@ -41,9 +42,11 @@ THRESHOLDS = (0.9, 0.8, 0.7, 0.6, 0.5)
 REPORT_AT_MIN = (0, 2, 5, 10, 15)
 EVAL_SEED = 0
 OUT_DIR = Path("bench_results")
+DONE = "arm_done"          # written in an arm's run dir when its training has ended
 
 
-def run(quick: bool = False, out_dir: Path = OUT_DIR, arms=tuple(ARMS)) -> dict:
+def run(quick: bool = False, out_dir: Path = OUT_DIR, arms=tuple(ARMS), fresh: bool = False) -> dict:
+    """Train the arms not yet trained under out_dir/learning (all of them with `fresh`), evaluate."""
     budget_s = 180.0 if quick else 900.0
     episodes = 32 if quick else 64
     save_every = 5
@@ -53,10 +56,14 @@ def run(quick: bool = False, out_dir: Path = OUT_DIR, arms=tuple(ARMS)) -> dict:
                "save_interval": save_every, "sft_policy": str(sft_policy), "arms": {}}
     sft_point = evaluate_policy_dir(sft_policy, episodes)
     for arm in arms:
-        print(f"[learning] {arm}: {budget_s:.0f} s of training", flush=True)
-        run_dir, started = train_arm(arm, sft_policy, work, budget_s, save_every)
+        run_dir = work / arm
+        if (run_dir / DONE).exists() and not fresh:
+            print(f"[learning] {arm}: reusing the finished run in {run_dir}", flush=True)
+        else:
+            print(f"[learning] {arm}: {budget_s:.0f} s of training", flush=True)
+            train_arm(arm, sft_policy, work, budget_s, save_every)
         curve = [dict(sft_point, wall_s=0.0, env_steps=0, step=0)]
-        curve += evaluate_checkpoints(run_dir, started, episodes)
+        curve += evaluate_checkpoints(run_dir, episodes, min_gap_s=budget_s / 30)
         results["arms"][arm] = {"run_dir": str(run_dir), "curve": curve}
     results["summary"] = summarize(results)
     write_outputs(results, out_dir)
@@ -76,32 +83,41 @@ def warm_start(work: Path) -> Path:
     return policy
 
 
-def train_arm(arm: str, sft_policy: Path, work: Path, budget_s: float, save_every: int):
-    """One `asyncvla train` run of `budget_s` seconds of training; returns (run dir, start time)."""
+def train_arm(arm: str, sft_policy: Path, work: Path, budget_s: float, save_every: int) -> None:
+    """One `asyncvla train` run of `budget_s` seconds of training into work/arm (marked DONE)."""
     run_dir = work / arm
     if run_dir.exists():
-        import shutil
         shutil.rmtree(run_dir)
     control, weights, trajectories, master = workload.free_ports(4)
     ports = [f"transport.control_port={control}", f"transport.weights_port={weights}",
              f"transport.trajectory_port={trajectories}", f"launch.master_port={master}"]
     flags = [a for a in ARMS[arm] if a.startswith("--")]
     overrides = [a for a in ARMS[arm] if not a.startswith("--")]
-    cmd = [sys.executable, "-m", "asyncvla.launch.cli", "train", CONFIG, *flags, *overrides, *ports,
+    cmd = [sys.executable, "-m", "asyncvla.launch.cli", "train", CONFIG, *overrides, *ports,
            f"policy.pretrained_path={sft_policy}", f"logging.output_dir={work}", f"logging.experiment_name={arm}",
            "logging.progress=false", "learner.max_steps=100000", f"learner.max_time_s={budget_s}",
-           f"checkpoint.save_interval={save_every}", "checkpoint.keep_last=100000", "eval.eval_interval=0"]
-    started = time.time()
+           f"checkpoint.save_interval={save_every}", "checkpoint.keep_last=100000", "eval.eval_interval=0",
+           *flags]          # flags last: argparse takes no positional override after one
     subprocess.run(cmd, check=True, timeout=budget_s + 300, stdout=subprocess.DEVNULL)
-    return run_dir, started
+    (run_dir / DONE).write_text("")
 
 
-def evaluate_checkpoints(run_dir: Path, started: float, episodes: int) -> list[dict]:
+def evaluate_checkpoints(run_dir: Path, episodes: int, min_gap_s: float) -> list[dict]:
+    """Evaluate checkpoints at least min_gap_s of wall time apart (and the last one). Wall time
+    counts from the launcher's start, when it wrote the run's launch_config.yaml."""
     from asyncvla.learner import checkpoint
     from asyncvla.learner.export import load_checkpoint
 
+    started = (run_dir / "launch_config.yaml").stat().st_mtime
+    tags = checkpoint._complete_tags(run_dir / checkpoint.CHECKPOINTS)          # noqa: SLF001
+    chosen, last_t = [], -float("inf")
+    for i, tag in enumerate(tags):
+        t = checkpoint.read_marker(tag)["saved_at"]
+        if t - last_t >= min_gap_s or i == len(tags) - 1:
+            chosen.append(tag)
+            last_t = t
     points = []
-    for tag in checkpoint._complete_tags(run_dir / checkpoint.CHECKPOINTS):     # noqa: SLF001
+    for tag in chosen:
         marker = checkpoint.read_marker(tag)
         state = checkpoint.read_client_state(tag)
         policy, cfg, _ = load_checkpoint(tag, weights="ema")
