@@ -47,7 +47,7 @@ def fresh():
 def evaluate_np(policy, image, ids, mask, tokens, level="token_level", **kw):
     with torch.no_grad():
         out = policy.evaluate(image, ids, mask, None, tokens, logprob_type=level, **kw)
-    return [x.numpy() for x in out]
+    return [x.numpy() for x in (out.logprobs, out.entropy, out.values)]
 
 
 # ------------------------------------------------------------------------- pure pieces
