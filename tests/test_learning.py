@@ -9,16 +9,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.benchmarks.workload import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 
 # Budgets chosen from measurements (2 cores). SFT of 150-300 steps gives 28-36 % sampled success.
 # Asynchronous RL starts slowly (the critic first adapts from the demonstrator's returns to the
-# policy's): +10 points in 100 s, +14 in 170 s (which passed by only 2 points), ~+25 in 4 minutes.
-# 256 evaluation episodes keep each interval within about +-6 points.
+# policy's): +10 points in 100 s, +14 in 170 s (which passed by only 2 points), +20 in 240 s (by
+# 7.5). It gets 300 s so that the test passes with a margin; 256 evaluation episodes keep each
+# interval within about +-6 points.
 SFT_STEPS = 200
-RL_SECONDS = 240
+RL_SECONDS = 300
 EVAL_EPISODES = 256
 
 
@@ -35,8 +38,9 @@ def pipeline(out: Path, timeout: float):
         env=dict(os.environ, OMP_NUM_THREADS="2"))   # the learner's threads; actors take one each
 
 
+@pytest.mark.timeout(1200)
 def test_sft_then_asynchronous_rl_beats_the_warm_start(tmp_path):
-    r = pipeline(tmp_path, timeout=600)
+    r = pipeline(tmp_path, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = json.loads((tmp_path / "learn" / "summary.json").read_text())
     sft, rl = summary["sft"], summary["rl"]
