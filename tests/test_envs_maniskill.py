@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from asyncvla.actors.envs import make_env
+from asyncvla.actors.envs import ChunkEnv, make_env
 from asyncvla.actors.envs.base import episode_seed, resize_images
 from asyncvla.common.config import EnvConfig
 
@@ -198,6 +198,7 @@ def test_batched_env_matches_the_cpu_path(pick):
 
     cfg = EnvConfig(id="PickCube-v1", max_episode_steps=6, use_proprio=True)
     batched = ManiSkillBatchedEnv(cfg, 1, SIZE, K, "action_level", seed=1, action_dim=7)
+    assert isinstance(batched, ChunkEnv) and isinstance(pick, ChunkEnv)
     try:
         o1, o2 = pick.reset(seed=3), batched.reset(seed=3)
         for key in ("image", "state"):

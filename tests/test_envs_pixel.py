@@ -4,7 +4,7 @@ seeding, and that it is neither trivial (random policy) nor impossible (scripted
 import numpy as np
 import pytest
 
-from asyncvla.actors.envs import make_env
+from asyncvla.actors.envs import ChunkEnv, make_env
 from asyncvla.actors.envs import pixel_task as P
 from asyncvla.common.config import EnvConfig
 
@@ -20,6 +20,7 @@ def random_actions(rng, env, K=4):
 
 def test_observation_and_instruction():
     env = pixel_env(num_envs=8, image_size=48, use_proprio=True)
+    assert isinstance(env, ChunkEnv)
     obs = env.reset()
     assert obs["image"].shape == (8, 48, 48, 3) and obs["image"].dtype == np.uint8
     assert obs["state"].shape == (8, 2) and obs["state"].dtype == np.float32 and env.state_dim == 2

@@ -4,6 +4,7 @@
     obs = env.reset()                       # {"image": uint8 [B,H,W,3], "state": float32 [B,S] if S > 0}
     step = env.step_chunk(actions)          # float32 [B,K,D] in [-1,1] -> ChunkStep (see base.py)
     env.num_envs, env.action_dim, env.state_dim, env.instructions, env.render_frames(), env.close()
+(the `ChunkEnv` protocol of base.py)
 
 ManiSkill3 tasks (any env id; CPU: one process per env, GPU: one batched env) and the built-in
 pixel task PixelReach-v0.
@@ -13,13 +14,13 @@ from __future__ import annotations
 
 from typing import Optional
 
-from asyncvla.actors.envs.base import ChunkStep
+from asyncvla.actors.envs.base import ChunkEnv, ChunkStep
 from asyncvla.actors.envs.pixel_task import ENV_ID as PIXEL_REACH_ID
 from asyncvla.actors.envs.pixel_task import PixelReachEnv
 
 
 def make_env(env_cfg, num_envs: int, image_size: int, num_action_chunks: int, reward_type: str,
-             seed: int, action_dim: Optional[int] = None):
+             seed: int, action_dim: Optional[int] = None) -> ChunkEnv:
     """Build `num_envs` envs of `env_cfg.id`. `action_dim` (the policy's D) is checked against a
     ManiSkill task's action space; PixelReach-v0 takes it as is (it reads the first 2 dims)."""
     if num_envs < 1:
@@ -37,4 +38,4 @@ def make_env(env_cfg, num_envs: int, image_size: int, num_action_chunks: int, re
     return cls(env_cfg, num_envs, image_size, num_action_chunks, reward_type, seed, action_dim)
 
 
-__all__ = ["make_env", "ChunkStep", "PixelReachEnv", "PIXEL_REACH_ID"]
+__all__ = ["make_env", "ChunkEnv", "ChunkStep", "PixelReachEnv", "PIXEL_REACH_ID"]

@@ -1,14 +1,14 @@
 """What every env of the project shares: the result of one chunk step, the chunk loop that stops
 an env at the end of its episode, episode statistics, reset seeds and image resizing.
 
-An env here is vectorised over B envs and stepped one action chunk (K env steps) at a time; the
-public interface is documented on `ChunkStep` and in `asyncvla.actors.envs`.
+An env here is vectorised over B envs and stepped one action chunk (K env steps) at a time: the
+`ChunkEnv` protocol, whose step returns a `ChunkStep`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -40,6 +40,31 @@ class ChunkStep:
     done_index: np.ndarray
     episodes: list = field(default_factory=list)
     env_steps: int = 0
+
+
+@runtime_checkable
+class ChunkEnv(Protocol):
+    """What actors, the evaluator and the demo collector use of an env (PixelReachEnv,
+    ManiSkillCPUEnv, ManiSkillBatchedEnv; built by `make_env`).
+
+    reset(seed=None) -> {"image": uint8 [B,H,W,3], "state": float32 [B,S] if S > 0}
+    step_chunk(actions float32 [B,K,D] in [-1, 1]) -> ChunkStep
+    render_frames() -> uint8 [B,h,w,3], each env's camera image at its own resolution
+    instructions: the language instruction of each env's current episode
+    """
+    num_envs: int
+    num_action_chunks: int
+    action_dim: int
+    state_dim: int
+    instructions: list
+
+    def reset(self, seed: Optional[int] = None) -> dict: ...
+
+    def step_chunk(self, actions) -> ChunkStep: ...
+
+    def render_frames(self) -> np.ndarray: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass

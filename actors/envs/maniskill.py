@@ -2,9 +2,10 @@
 
 CPU (sim_backend physx_cpu): ManiSkill refuses num_envs > 1 on the CPU backend, so each env is a
 single-env `EpisodeRunner`; with several envs each runner lives in its own worker process
-(multiprocessing 'forkserver': the parent may hold threads, torch or sockets, which fork would
-copy) and runs the whole chunk there, so a chunk costs one round trip per env and the envs step in
-parallel. A single env runs in the calling process (no process start-up, no copies).
+(actors/envs/pool.py; multiprocessing 'forkserver': the parent may hold threads, torch or
+sockets, which fork would copy) and runs the whole chunk there, so a chunk costs one round trip
+per env and the envs step in parallel. A single env runs in the calling process (no process
+start-up, no copies).
 
 GPU (sim_backend physx_cuda): one batched ManiSkill env (`ManiSkillBatchedEnv`; it also runs a
 single env with physx_cpu, which is how its logic is tested without a GPU).
@@ -18,14 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
-import signal
-import traceback
 import weakref
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
+from asyncvla.actors.envs import pool
 from asyncvla.actors.envs.base import (ChunkStep, EpisodeTracker, ResetSeeds, check_actions,
                                        check_reward_type, reduce_reward, resize_images, run_chunk)
 from asyncvla.actors.envs.instructions import instruction_for
@@ -130,15 +130,10 @@ class EpisodeRunner:
         return self._convert(common.unbatch(common.to_numpy(self.base.get_obs())))
 
     def _convert(self, obs: dict) -> dict:
-        cameras = obs["sensor_data"]
-        if self.spec.camera not in cameras:
-            raise ValueError(f"env.camera={self.spec.camera!r} is not a camera of {self.spec.env_id}; "
-                             f"its cameras: {sorted(cameras)}")
-        self._frame = cameras[self.spec.camera]["rgb"]
-        out = {"image": resize_images(self._frame[None], self.spec.image_size)[0]}
-        if self.spec.use_proprio:
-            out["state"] = flat_state({"agent": obs["agent"], "extra": obs["extra"]})
-        return out
+        self._frame = camera_rgb(obs, self.spec)
+        state = flat_state({"agent": obs["agent"], "extra": obs["extra"]}) if self.spec.use_proprio else None
+        out = policy_obs(self._frame[None], None if state is None else state[None], self.spec)
+        return {k: v[0] for k, v in out.items()}
 
 
 @contextlib.contextmanager
@@ -184,22 +179,23 @@ class ManiSkillCPUEnv:
         self._started = False
         spec = runner_spec(cfg, image_size)
         self._envs: list = []
-        self._finalizer = weakref.finalize(self, _shutdown, self._envs)
+        self._finalizer = weakref.finalize(self, pool.shutdown, self._envs)
         try:
             if num_envs == 1:
-                self._envs.append(_InProcess(spec))
+                self._envs.append(pool.InProcess(EpisodeRunner, spec))
             else:
                 ctx = mp.get_context("forkserver")
-                self._envs.extend(_Worker(ctx, spec, i) for i in range(num_envs))
+                self._envs.extend(pool.Worker(ctx, EpisodeRunner, spec, i, cfg.id) for i in range(num_envs))
             infos = [env.recv(START_TIMEOUT_S) for env in self._envs]
         except BaseException:
             self.close()
             raise
         self.action_dim, self.state_dim = infos[0]["action_dim"], infos[0]["state_dim"]
-        if action_dim is not None and action_dim != self.action_dim:
+        try:
+            _check_action_dim(cfg, action_dim, self.action_dim)
+        except ValueError:
             self.close()
-            raise ValueError(f"policy.action_dim={action_dim} but {cfg.id} with control_mode="
-                             f"{cfg.control_mode!r} takes {self.action_dim}-D actions")
+            raise
 
     def reset(self, seed: Optional[int] = None) -> dict:
         """Start a new episode in every env (`seed` re-seeds as at construction)."""
@@ -259,109 +255,6 @@ def _empty_like(obs: dict) -> dict:
     return {k: np.zeros((0,) + v.shape, v.dtype) for k, v in obs.items()}
 
 
-def _shutdown(envs: list) -> None:
-    for env in envs:
-        env.request_close()
-    for env in envs:
-        env.join()
-
-
-class _InProcess:
-    """A runner in this process, with the send/recv interface of a worker."""
-
-    def __init__(self, spec: RunnerSpec):
-        self.runner = EpisodeRunner(spec)
-        self._result = self.runner.info
-
-    def send(self, method: str, *args) -> None:
-        self._result = getattr(self.runner, method)(*args)
-
-    def recv(self, timeout: float):
-        return self._result
-
-    def request_close(self) -> None:
-        if self.runner is not None:
-            self.runner.close()
-            self.runner = None
-
-    def join(self) -> None:
-        pass
-
-
-class _Worker:
-    """A runner in a child process, driven over a pipe: (method, args) -> (ok, result)."""
-
-    def __init__(self, ctx, spec: RunnerSpec, index: int):
-        self.index, self.env_id = index, spec.env_id
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, spec), daemon=True,
-                                name=f"env-worker-{index}")
-        self.proc.start()
-        child.close()
-
-    def send(self, method: str, *args) -> None:
-        self.conn.send((method, args))
-
-    def recv(self, timeout: float):
-        if not self.conn.poll(timeout):
-            raise TimeoutError(f"env worker {self.index} ({self.env_id}) gave no answer in {timeout:.0f} s")
-        try:
-            ok, result = self.conn.recv()
-        except (EOFError, ConnectionError):
-            self.proc.join(1.0)
-            raise RuntimeError(f"env worker {self.index} ({self.env_id}) died (exit code "
-                               f"{self.proc.exitcode})") from None
-        if not ok:
-            last = result.strip().splitlines()[-1]
-            raise RuntimeError(f"env worker {self.index} ({self.env_id}) failed: {last}\n{result}")
-        return result
-
-    def request_close(self) -> None:
-        try:
-            self.conn.send(("close", ()))
-        except (OSError, ValueError):
-            pass
-
-    def join(self) -> None:
-        self.proc.join(10.0)
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(2.0)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
-        self.conn.close()
-
-
-def _worker_main(conn, spec: RunnerSpec) -> None:
-    # The parent handles Ctrl-C and stop requests and closes us (a stop signal to the whole
-    # process group must not kill the env under an actor that is still finishing its segment).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    import torch
-    torch.set_num_threads(1)                       # tiny tensors; threads would only contend
-    try:
-        runner = EpisodeRunner(spec)
-        conn.send((True, runner.info))
-    except Exception:
-        conn.send((False, traceback.format_exc()))
-        return
-    try:
-        while True:
-            try:
-                method, args = conn.recv()
-            except (EOFError, OSError):            # the parent is gone
-                break
-            if method == "close":
-                break
-            try:
-                conn.send((True, getattr(runner, method)(*args)))
-            except Exception:
-                conn.send((False, traceback.format_exc()))
-    finally:
-        runner.close()
-
-
 # ------------------------------------------------------------------------------ GPU, batched
 class ManiSkillBatchedEnv:
     """All envs in one batched ManiSkill env (sim_backend physx_cuda; physx_cpu allows one env).
@@ -385,9 +278,7 @@ class ManiSkillBatchedEnv:
         self.env = gym.make(cfg.id, **make_kwargs(self.spec, cfg.sim_backend, num_envs))
         self.device = self.env.unwrapped.device
         self.action_dim = int(self.env.unwrapped.single_action_space.shape[0])
-        if action_dim is not None and action_dim != self.action_dim:
-            raise ValueError(f"policy.action_dim={action_dim} but {cfg.id} with control_mode="
-                             f"{cfg.control_mode!r} takes {self.action_dim}-D actions")
+        _check_action_dim(cfg, action_dim, self.action_dim)
         self._obs = self._convert(self.env.unwrapped.get_obs())
         self.state_dim = int(self._obs["state"].shape[1]) if "state" in self._obs else 0
         self._ended = np.zeros(num_envs, bool)
@@ -453,21 +344,39 @@ class ManiSkillBatchedEnv:
         self.close()
 
     def _convert(self, obs: dict, index=None) -> dict:
-        cameras = obs["sensor_data"]
-        if self.spec.camera not in cameras:
-            raise ValueError(f"env.camera={self.spec.camera!r} is not a camera of {self.spec.env_id}; "
-                             f"its cameras: {sorted(cameras)}")
         rows = slice(None) if index is None else _torch_index(index, self.device)
-        frames = _numpy(cameras[self.spec.camera]["rgb"][rows])
+        frames = _numpy(camera_rgb(obs, self.spec)[rows])
         if index is None:
             self._frames = frames
-        out = {"image": resize_images(frames, self.spec.image_size)}
+        state = None
         if self.spec.use_proprio:
             from mani_skill.utils import common
-            state = common.flatten_state_dict({"agent": obs["agent"], "extra": obs["extra"]},
-                                              use_torch=True, device=self.device)
-            out["state"] = _numpy(state[rows]).astype(np.float32)
-        return out
+            state = _numpy(common.flatten_state_dict({"agent": obs["agent"], "extra": obs["extra"]},
+                                                     use_torch=True, device=self.device)[rows])
+        return policy_obs(frames, state, self.spec)
+
+
+def camera_rgb(obs: dict, spec: RunnerSpec):
+    """The configured camera's RGB from a ManiSkill observation (an error names the cameras)."""
+    cameras = obs["sensor_data"]
+    if spec.camera not in cameras:
+        raise ValueError(f"env.camera={spec.camera!r} is not a camera of {spec.env_id}; "
+                         f"its cameras: {sorted(cameras)}")
+    return cameras[spec.camera]["rgb"]
+
+
+def policy_obs(frames: np.ndarray, state, spec: RunnerSpec) -> dict:
+    """The policy's observation of B envs: images [B,h,w,3] resized to its size, float32 state."""
+    out = {"image": resize_images(frames, spec.image_size)}
+    if state is not None:
+        out["state"] = np.asarray(state, np.float32)
+    return out
+
+
+def _check_action_dim(cfg, policy_dim: Optional[int], env_dim: int) -> None:
+    if policy_dim is not None and policy_dim != env_dim:
+        raise ValueError(f"policy.action_dim={policy_dim} but {cfg.id} with control_mode="
+                         f"{cfg.control_mode!r} takes {env_dim}-D actions")
 
 
 def _numpy(x) -> np.ndarray:
