@@ -1,223 +1,24 @@
-"""ZeroMQ transport between actors and the learner.
+"""ZeroMQ transport between actors and the learner: the three channels under one name.
 
-    trajectories  actor TrajectorySender (DEALER, connected to every rank)
-                      -> learner rank r TrajectoryReceiver (ROUTER on trajectory_port + r)
-                      <- an empty ack frame for each segment the rank takes
-    weights       learner rank 0 WeightServer (ROUTER on weights_port)
-                      <- actor WeightSubscriber (DEALER; "newer than v?" long polls)
-    control       learner rank 0 ControlServer (ROUTER on control_port)
-                      <- actor LearnerClient (DEALER; hello/welcome, heartbeats, bye)
+    trajectories  common/trajectory_channel.py  actor TrajectorySender -> rank r TrajectoryReceiver
+                                                 (acked, bounded, backpressure)
+    weights       common/weight_channel.py      rank 0 WeightServer <- actor WeightSubscriber
+                                                 ("newer than v?" long polls)
+    control       common/control.py             rank 0 ControlServer <- actor LearnerClient
+                                                 (hello/welcome, heartbeats, bye)
 
 Messages are those of common/protocol.py (msgpack header + raw frames, zero-copy both ways);
 every received one is validated, and an invalid one is dropped, counted per reason in `.stats`
 and logged at a bounded rate. Endpoints are tcp://HOST:PORT or ipc://PATH; the servers take an
-explicit `endpoint=` (tests, ipc) instead of the configured port. Queues are bounded: a slow
-learner pushes back on its actors, which block or drop their oldest unsent segment (counted).
-ZeroMQ and kernel buffers still hold several segments per actor, and every queued segment is one
-more version of policy lag; so a rank acks each segment it takes, and an actor that has
-`in_flight` segments not yet taken waits (`wait_for_room`) before collecting another.
-Keys (CURVE) and the public-bind rule: see common/sockets.py.
+explicit `endpoint=` (tests, ipc) instead of the configured port. Keys (CURVE) and the
+public-bind rule: see common/sockets.py. This module holds no code of its own.
 """
 
-from __future__ import annotations
-
-import time
-from collections import Counter, deque
-from typing import Sequence
-
-import zmq
-
 from asyncvla.common.control import ControlServer, LearnerClient, Registry
-from asyncvla.common.protocol import (SEGMENT, Limits, Segment, SegmentSpec, ValidationError,
-                                      decode_segment, encode_segment)
-from asyncvla.common.sockets import (DropLog, Node, TransportError, advertised, bind_endpoint,
-                                     bound_endpoint)
+from asyncvla.common.protocol import Segment, SegmentSpec, ValidationError
+from asyncvla.common.sockets import TransportError
+from asyncvla.common.trajectory_channel import BACKPRESSURE, TrajectoryReceiver, TrajectorySender
 from asyncvla.common.weight_channel import WeightServer, WeightSubscriber
 
-BACKPRESSURE = ("block", "drop_oldest")
-
-
-class TrajectoryReceiver:
-    """One learner rank's inbox: ROUTER bound on trajectory_port + rank (or `endpoint`).
-    `recv` returns validated segments whose arrays view the received frames, and acks each
-    message it takes (valid or not) to its sender."""
-
-    def __init__(self, tcfg, rank: int, spec: SegmentSpec, endpoint: str | None = None):
-        self.spec = spec
-        self._node = Node(tcfg, server=True)
-        try:
-            self._router = self._node.socket(zmq.ROUTER, bind=endpoint or bind_endpoint(
-                tcfg, tcfg.trajectory_port + rank), RCVHWM=tcfg.recv_hwm)
-        except BaseException:
-            self._node.close(0)
-            raise
-        self.endpoint = advertised(tcfg, bound_endpoint(self._router))
-        self._limits = Limits.for_kind(SEGMENT, tcfg.max_message_mb)
-        self.stats = {"received": 0, "bytes": 0, "invalid": Counter()}
-        self._drop_log = DropLog(f"trajectory receiver (rank {rank})")
-
-    def recv(self, timeout_ms: int | None = None) -> Segment | None:
-        """The next valid segment, or None after `timeout_ms` (None: wait forever)."""
-        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-        while True:
-            wait = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            if not self._router.poll(wait):
-                return None
-            sender, *frames = self._router.recv_multipart(copy=False)
-            self._ack(sender)
-            try:
-                segment = decode_segment(frames, self.spec, self._limits)
-            except ValidationError as e:
-                self.stats["invalid"][e.reason] += 1
-                self._drop_log(e.reason, str(e))
-                if deadline is not None and time.monotonic() >= deadline:
-                    return None
-                continue
-            self.stats["received"] += 1
-            self.stats["bytes"] += sum(len(f) for f in frames)
-            return segment
-
-    def close(self) -> None:
-        self._node.close(0)
-
-    def _ack(self, sender) -> None:
-        try:
-            self._router.send_multipart([sender, b""], flags=zmq.NOBLOCK)
-        except zmq.ZMQError:          # the actor left, or its inbox is full: it re-syncs on rejoin
-            pass
-
-
-class TrajectorySender:
-    """An actor's outbox: one DEALER connected to every learner rank; ZeroMQ spreads segments over
-    the ranks whose queues have room, and each rank acks the segments it takes (`in_flight` counts
-    those not yet acked; `wait_for_room` bounds it).
-
-    backpressure="block": `send` waits until some rank has room (optionally bounded by
-    `timeout`/`stop`, then returns False and the caller keeps the segment).
-    backpressure="drop_oldest": `send` never waits; segments ZeroMQ cannot take yet wait in a
-    deque of send_hwm entries, and when it overflows the oldest is dropped and counted.
-    Invariant: submitted == sent + dropped + pending. Arrays are sent without copying: do not
-    modify them after `send`.
-    """
-
-    def __init__(self, endpoints: Sequence[str] | str, tcfg, backpressure: str = "block"):
-        if backpressure not in BACKPRESSURE:
-            raise ValueError(f"backpressure={backpressure!r} is not allowed; "
-                             f"choose one of {list(BACKPRESSURE)}")
-        endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
-        if not endpoints:
-            raise ValueError("TrajectorySender needs at least one learner endpoint")
-        self.backpressure = backpressure
-        self._linger_s = tcfg.linger_ms / 1000
-        self._node = Node(tcfg, server=False)
-        self._dealer = self._node.socket(zmq.DEALER, connect=endpoints, SNDHWM=tcfg.send_hwm)
-        self._sndtimeo = -1
-        self._pending: deque[list] = deque()
-        self._max_pending = tcfg.send_hwm
-        self.sent = 0
-        self.dropped = 0
-        self.acked = 0
-
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
-
-    @property
-    def stats(self) -> dict:
-        return {"sent": self.sent, "dropped": self.dropped, "pending": self.pending, "acked": self.acked}
-
-    @property
-    def in_flight(self) -> int:
-        """Segments sent that no learner rank has taken yet (as far as the acks so far tell)."""
-        self._read_acks()
-        return self.sent - self.acked
-
-    def wait_for_room(self, limit: int, timeout: float | None = None, stop=None) -> bool:
-        """Wait until fewer than `limit` segments are in flight. False when `timeout` passed or
-        `stop` was set first."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.in_flight >= limit:
-            if (stop is not None and stop.is_set()) or (deadline is not None and time.monotonic() >= deadline):
-                return False
-            self._dealer.poll(_wait_slice_ms(deadline, stop), zmq.POLLIN)
-        return True
-
-    def forget_in_flight(self) -> None:
-        """The learner restarted: acks for what the old one held will never come."""
-        self._read_acks()
-        self.acked = self.sent
-
-    def send(self, segment: Segment, timeout: float | None = None, stop=None) -> bool:
-        """Hand a segment to the transport. Returns False only in block mode when `timeout`
-        passed or `stop` (a threading.Event) was set before any rank had room."""
-        frames = encode_segment(segment)
-        if self.backpressure == "drop_oldest":
-            self._pending.append(frames)
-            if len(self._pending) > self._max_pending:
-                self._pending.popleft()
-                self.dropped += 1
-            self._flush_nowait()
-            return True
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if self._try_send(frames, _wait_slice_ms(deadline, stop)):
-                return True
-            if stop is not None and stop.is_set():
-                return False
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-
-    def flush(self, timeout: float | None = None) -> bool:
-        """Drop-oldest mode: keep handing queued segments over until none is left (True) or
-        `timeout` passes (False)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._flush_nowait():
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            self._dealer.poll(50, zmq.POLLOUT)
-        return True
-
-    def close(self) -> None:
-        """Give queued segments up to linger_ms to leave and be taken: a rank discards what it still
-        queues from an actor that has gone. What never left is counted dropped."""
-        deadline = time.monotonic() + self._linger_s
-        self.flush(self._linger_s)
-        self.dropped += len(self._pending)
-        self._pending.clear()
-        self.wait_for_room(1, timeout=max(0.0, deadline - time.monotonic()))
-        self._node.close()
-
-    def _read_acks(self) -> None:
-        while self._dealer.poll(0, zmq.POLLIN):
-            self._dealer.recv(copy=False)
-            self.acked += 1
-
-    def _flush_nowait(self) -> int:
-        while self._pending and self._try_send(self._pending[0]):
-            self._pending.popleft()
-        return len(self._pending)
-
-    def _try_send(self, frames: list, wait_ms: int = 0) -> bool:
-        """Send within wait_ms (0: only if there is room now; -1: as long as it takes)."""
-        if wait_ms != self._sndtimeo:
-            self._dealer.sndtimeo = self._sndtimeo = wait_ms
-        try:
-            self._dealer.send_multipart(frames, copy=False)
-        except zmq.Again:
-            return False
-        self.sent += 1
-        return True
-
-
-def _wait_slice_ms(deadline: float | None, stop) -> int:
-    """How long one blocking send may wait inside libzmq: for ever (-1) unless a stop event or
-    a deadline must be checked, then in slices of at most 100 ms."""
-    if stop is None and deadline is None:
-        return -1
-    if deadline is None:
-        return 100
-    return max(0, min(100, int((deadline - time.monotonic()) * 1000)))
-
-
-__all__ = ["TrajectoryReceiver", "TrajectorySender", "WeightServer", "WeightSubscriber", "ControlServer",
+__all__ = ["BACKPRESSURE", "TrajectoryReceiver", "TrajectorySender", "WeightServer", "WeightSubscriber", "ControlServer",
            "LearnerClient", "Registry", "Segment", "SegmentSpec", "TransportError", "ValidationError"]
