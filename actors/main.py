@@ -13,20 +13,17 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
-import tempfile
 import zlib
-from pathlib import Path
 
 import torch
 
 from asyncvla.actors import rollout
 from asyncvla.actors.envs import make_env
+from asyncvla.actors.join import join
 from asyncvla.common import transport
+from asyncvla.common.config import TransportConfig
 from asyncvla.common.signals import stop_on_signals
-from asyncvla.common.config import Config, from_dict
-from asyncvla.common.policy import VLAPolicy
 
 log = logging.getLogger("asyncvla.actor")
 
@@ -37,21 +34,11 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
     """Join the learner at `learner` (its control endpoint) and act until it finishes."""
     actor_id = actor_id or f"{socket.gethostname()}-{os.getpid()}"
     stop = stop_on_signals()
-    from asyncvla.common.config import TransportConfig
-    client = transport.LearnerClient(learner, actor_id, tcfg or TransportConfig())
-    welcome = client.join(stop=stop)
-    if welcome is None:
+    joined = join(learner, actor_id, tcfg or TransportConfig(), stop, num_envs, device)
+    if joined is None:
         return 0
-    cfg: Config = from_dict(welcome["config"])
-    cfg.actor.num_envs = num_envs or cfg.actor.num_envs
-    cfg.actor.device = device or cfg.actor.device
     torch.set_num_threads(1)   # actors are many; one core each
-
-    policy_dir, tmp = _policy_dir(welcome["policy"], client)
-    policy = VLAPolicy.from_pretrained(policy_dir, device=cfg.actor.device)
-    if tmp:
-        shutil.rmtree(tmp, ignore_errors=True)
-    weights = transport.WeightSubscriber(welcome["weights_endpoint"], cfg.transport)
+    cfg, policy, client, weights, welcome = joined.cfg, joined.policy, joined.client, joined.weights, joined.welcome
     sender = transport.TrajectorySender(welcome["trajectory_endpoints"], cfg.transport,
                                         backpressure=cfg.actor.backpressure)
     if actor_index is None:   # a standalone actor: seed apart from the others by its id
@@ -62,12 +49,12 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
                    action_dim=cfg.policy.action_dim)
     generator = torch.Generator(device=cfg.actor.device).manual_seed(cfg.actor.seed + seed)
     tokenize = rollout.InstructionCache(policy)
-    per_version = _segments_per_version(cfg, len(welcome["trajectory_endpoints"]))
-    in_flight = cfg.actor.max_segments_in_flight
-    in_flight = per_version if in_flight is None else in_flight
-    if cfg.actor.backpressure != "block":
-        in_flight = 0                # drop_oldest never waits
-    log.info("actor %s: %d envs of %s, policy on %s", actor_id, env.num_envs, cfg.env.id, cfg.actor.device)
+    # The learner's plan for this actor (learner/ingest.py rollout_plan): its share of an update,
+    # and how many sent segments may wait for a rank before it collects another.
+    per_version = welcome["rollout"]["segments_per_version"]
+    in_flight = welcome["rollout"]["max_segments_in_flight"]
+    log.info("actor %s: %d envs of %s, policy on %s; %d segments per version, at most %d in flight",
+             actor_id, env.num_envs, cfg.env.id, cfg.actor.device, per_version, in_flight)
 
     version, state, seq, sent_at_version = -1, rollout.start(env), 0, 0
     rejoins = client.rejoins
@@ -77,6 +64,8 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
                 # The learner restarted (e.g. resumed from a checkpoint): its versions may be lower
                 # than ours, so take whatever it publishes next.
                 rejoins, version = client.rejoins, -1
+                plan = client.welcome["rollout"]           # the restarted learner's plan
+                per_version, in_flight = plan["segments_per_version"], plan["max_segments_in_flight"]
                 weights.reset()
                 sender.forget_in_flight()
                 log.info("actor %s: learner restarted; rejoined, waiting for its weights", actor_id)
@@ -110,31 +99,7 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
             sent_at_version += 1
     finally:
         env.close()
-        for c in (sender, weights, client):
-            c.close()
+        sender.close()
+        joined.close()
     log.info("actor %s: stopped after %d segments (%d dropped)", actor_id, seq, sender.dropped)
     return 0
-
-
-def _segments_per_version(cfg: Config, num_ranks: int) -> int:
-    """One update's share of each local actor, in segments: what --sync sends per weight version,
-    and the default bound on segments in flight. Segments go round-robin
-    to the learner ranks, so sending k segments per rank gives every rank k from each actor; k is
-    the least that fills a rank's share of the batch."""
-    producers = max(1, cfg.launch.num_local_actors) * cfg.actor.num_envs
-    per_rank = -(-cfg.learner.batch_trajectories // num_ranks)
-    return num_ranks * max(1, -(-per_rank // producers))
-
-
-def _policy_dir(spec: dict, client) -> tuple[str, str | None]:
-    """The policy directory: the learner's path if readable here, else its files fetched once."""
-    path = spec.get("path")
-    if path and (Path(path) / "policy.json").exists():
-        return path, None
-    tmp = tempfile.mkdtemp(prefix="asyncvla-policy-")
-    for rel, data in client.fetch_policy_files().items():
-        target = Path(tmp) / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-    return tmp, tmp
-

@@ -9,9 +9,11 @@ protocol's (common/protocol.py).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
+
+from asyncvla.common.protocol import OBS_FIELDS, SEGMENT_FIELDS, final_field
 
 
 class InstructionCache:
@@ -30,10 +32,8 @@ class InstructionCache:
 
 @dataclass
 class RolloutState:
-    """What carries over from one segment to the next: the current observation and counters."""
+    """What carries over from one segment to the next: the env's current observation."""
     obs: dict
-    env_steps: int = 0
-    episodes: list = field(default_factory=list)
 
 
 def start(env) -> RolloutState:
@@ -42,80 +42,59 @@ def start(env) -> RolloutState:
 
 def collect_segment(env, policy, tokenize: InstructionCache, state: RolloutState, T: int,
                     temperature: float, generator=None) -> tuple[dict, dict]:
-    """Run T policy steps; return (arrays, info). `state` is advanced in place."""
-    B = env.num_envs
-    obs_seq, instr, masks, tokens, logps, rewards, term, trunc = [], [], [], [], [], [], [], []
-    finals = {"index": [], "image": [], "instruction": [], "instruction_mask": [], "state": []}
-    episodes, env_steps, act_s, env_s = [], 0, 0.0, 0.0
+    """Run T policy steps; return (arrays named and typed as protocol.SEGMENT_FIELDS, info).
+    `state` is advanced in place."""
+    obs_seq, episodes = [], []
+    steps = {k: [] for k in ("action_tokens", "behavior_logp", "rewards", "terminated", "truncated")}
+    finals = {"index": [], "rows": []}
+    env_steps, act_s, env_s = 0, 0.0, 0.0
     for t in range(T):
-        ids, mask = tokenize(list(env.instructions))
-        obs_seq.append(state.obs)
-        instr.append(ids)
-        masks.append(mask)
+        obs = _observation(state.obs, tokenize(list(env.instructions)))
+        obs_seq.append(obs)
         t0 = time.perf_counter()
-        out = policy.act(state.obs["image"], ids, mask, state.obs.get("state"),
+        out = policy.act(obs["image"], obs["instruction"], obs["instruction_mask"], obs.get("state"),
                          temperature=temperature, generator=generator)
         t1 = time.perf_counter()
         step = env.step_chunk(np.asarray(out.actions))
         env_s += time.perf_counter() - t1
         act_s += t1 - t0
-        tokens.append(np.asarray(out.action_tokens))
-        logps.append(np.asarray(out.logprobs, np.float32))
-        rewards.append(np.asarray(step.reward, np.float32))
-        term.append(np.asarray(step.terminated, np.uint8))
-        trunc.append(np.asarray(step.truncated, np.uint8))
-        _keep_truncation_finals(finals, t, step, ids, mask)
+        for k, v in (("action_tokens", out.action_tokens), ("behavior_logp", out.logprobs),
+                     ("rewards", step.reward), ("terminated", step.terminated), ("truncated", step.truncated)):
+            steps[k].append(np.asarray(v))
+        _keep_truncation_finals(finals, t, step, obs)
         episodes += step.episodes
         env_steps += int(step.env_steps)
         state.obs = step.obs
-    ids, mask = tokenize(list(env.instructions))
-    obs_seq.append(state.obs)
-    instr.append(ids)
-    masks.append(mask)
+    obs_seq.append(_observation(state.obs, tokenize(list(env.instructions))))
 
-    arrays = {
-        "image": np.stack([o["image"] for o in obs_seq]),
-        "instruction": np.stack(instr).astype(np.int64),
-        "instruction_mask": np.stack(masks).astype(np.uint8),
-        "action_tokens": np.stack(tokens).astype(np.int64),
-        "behavior_logp": np.stack(logps).astype(np.float32),
-        "rewards": np.stack(rewards),
-        "terminated": np.stack(term),
-        "truncated": np.stack(trunc),
-        "final_index": np.asarray(finals["index"], np.int64).reshape(-1, 2),
-        "ep_return": np.asarray([e["return"] for e in episodes], np.float32),
-        "ep_length": np.asarray([e["length"] for e in episodes], np.int64),
-        "ep_success": np.asarray([e["success"] for e in episodes], np.uint8),
-    }
-    H, W = arrays["image"].shape[2:4]
-    L = arrays["instruction"].shape[-1]
-    arrays["final_image"] = _stack(finals["image"], (0, H, W, 3), np.uint8)
-    arrays["final_instruction"] = _stack(finals["instruction"], (0, L), np.int64)
-    arrays["final_instruction_mask"] = _stack(finals["instruction_mask"], (0, L), np.uint8)
-    if "state" in state.obs:
-        S = state.obs["state"].shape[-1]
-        arrays["state"] = np.stack([o["state"] for o in obs_seq]).astype(np.float32)
-        arrays["final_state"] = _stack(finals["state"], (0, S), np.float32)
-    state.env_steps += env_steps
-    info = {"env_steps": env_steps, "act_s": act_s, "env_s": env_s, "num_envs": B,
+    arrays = {k: np.stack([o[k] for o in obs_seq]) for k in OBS_FIELDS if k in obs_seq[0]}
+    arrays.update({k: np.stack(v) for k, v in steps.items()})
+    arrays["final_index"] = np.asarray(finals["index"], np.int64).reshape(-1, 2)
+    for k in OBS_FIELDS:
+        if k in arrays:
+            rows = [r[k] for r in finals["rows"]]
+            arrays[final_field(k)] = np.stack(rows) if rows else np.zeros((0, *arrays[k].shape[2:]))
+    for k in ("return", "length", "success"):
+        arrays[f"ep_{k}"] = np.asarray([e[k] for e in episodes])
+    arrays = {k: v.astype(SEGMENT_FIELDS[k].dtype, copy=False) for k, v in arrays.items()}
+    info = {"env_steps": env_steps, "act_s": act_s, "env_s": env_s, "num_envs": env.num_envs,
             "episodes": len(episodes)}
     return arrays, info
 
 
-def _keep_truncation_finals(finals: dict, t: int, step, ids, mask) -> None:
-    """Remember the final observation of each truncated env (its value bootstraps the return)."""
-    if not len(step.done_index):
-        return
+def _observation(env_obs: dict, instruction: tuple[np.ndarray, np.ndarray]) -> dict:
+    """The policy's observation: the env's (image, optional state) plus the tokenized instruction."""
+    obs = {k: env_obs[k] for k in ("image", "state") if k in env_obs}
+    obs["instruction"], obs["instruction_mask"] = instruction
+    return obs
+
+
+def _keep_truncation_finals(finals: dict, t: int, step, obs: dict) -> None:
+    """Remember the final observation of each truncated env (its value bootstraps the return);
+    its instruction is that of the episode that ended."""
     for row, b in enumerate(np.asarray(step.done_index)):
         if not step.truncated[b] or step.terminated[b]:
             continue
         finals["index"].append((t, int(b)))
-        finals["image"].append(step.final_obs["image"][row])
-        finals["instruction"].append(ids[b])           # the instruction of the episode that ended
-        finals["instruction_mask"].append(mask[b])
-        if "state" in step.final_obs:
-            finals["state"].append(step.final_obs["state"][row])
-
-
-def _stack(rows: list, empty_shape: tuple, dtype) -> np.ndarray:
-    return np.stack(rows).astype(dtype) if rows else np.zeros(empty_shape, dtype)
+        finals["rows"].append({k: step.final_obs[k][row] if k in step.final_obs else v[b]
+                               for k, v in obs.items()})

@@ -215,7 +215,6 @@ class TransportConfig:
 class LoggingConfig:
     output_dir: str = opt("runs", "root of run directories")
     experiment_name: str = opt("asyncvla", "run directory name under output_dir")
-    log_interval_s: float = opt(5.0, "seconds between metric flushes to tensorboard", gt=0.0)
     progress: bool = opt(True, "show a console progress line")
     level: str = opt("INFO", "log level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 

@@ -1,6 +1,6 @@
 """Control channel: actors join learner rank 0, which tells them everything they need.
 
-    actor  -> hello {actor_id, host, pid}            learner -> welcome {...welcome_fn(hello)...,
+    actor  -> hello {actor_id, host, pid, num_envs}   learner -> welcome {...welcome_fn(hello)...,
                                                                 heartbeat_interval_s, heartbeat_timeout_s}
     actor  -> heartbeat {actor_id}  (every interval) learner -> heartbeat  (or "rejoin" if it does
                                                                 not know the actor, e.g. after a restart)
@@ -39,7 +39,7 @@ log = logging.getLogger("asyncvla.transport")
 BACKOFF_MIN_S = 0.1
 POLL_MS = 50
 WELCOME_KEYS = {"config": dict, "trajectory_endpoints": list, "weights_endpoint": str,
-                "weight_version": int, "policy": dict}
+                "weight_version": int, "policy": dict, "rollout": dict}
 
 
 # ----------------------------------------------------------------------------------- registry
@@ -135,11 +135,6 @@ class ControlServer:
     def counts(self) -> dict[str, int]:
         with self._lock:
             return self.registry.counts()
-
-    def actors(self) -> list[dict]:
-        with self._lock:
-            return [{"actor_id": a.actor_id, "host": a.host, "pid": a.pid, "joined_at": a.joined_at,
-                     "last_seen": a.last_seen} for a in self.registry.actors.values()]
 
     def close(self, notify: bool = True) -> None:
         """Stop serving; with `notify`, tell every live actor that training is over."""
@@ -265,17 +260,15 @@ class LearnerClient:
     learner is silent for heartbeat_timeout_s and the client says hello again with back-off
     until it answers (`rejoins` counts the successes, `welcome` holds the latest). `finished`
     turns True when the learner announces the end of training.
-    The welcome's config.transport.keys_dir is replaced by this client's own (keys are a
-    property of the node, not of the learner).
     """
 
     def __init__(self, control_endpoint: str, actor_id: str, tcfg, host: str | None = None,
-                 pid: int | None = None):
+                 pid: int | None = None, num_envs: int = 0):
         if not 0 < len(actor_id) <= MAX_NAME_LEN:
             raise ValueError(f"actor_id {actor_id!r} must be 1..{MAX_NAME_LEN} characters")
         self.endpoint, self.actor_id, self.tcfg = control_endpoint, actor_id, tcfg
         self.hello = {"actor_id": actor_id, "host": host or socket.gethostname(),
-                      "pid": os.getpid() if pid is None else pid}
+                      "pid": os.getpid() if pid is None else pid, "num_envs": int(num_envs)}
         self._node = Node(tcfg, server=False)
         self._sock: zmq.Socket | None = None
         self._limits = Limits.for_kind("control", tcfg.max_message_mb)
@@ -391,9 +384,6 @@ class LearnerClient:
         welcome = dict(msg.meta)
         if msg.arrays:
             welcome["policy"] = dict(welcome["policy"], files=files_of(msg))
-        transport = welcome["config"].get("transport")
-        if isinstance(transport, dict):
-            transport["keys_dir"] = self.tcfg.keys_dir
         self.interval_s = float(welcome.get("heartbeat_interval_s", self.interval_s))
         self.timeout_s = float(welcome.get("heartbeat_timeout_s", self.timeout_s))
         with self._lock:

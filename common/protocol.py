@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import msgpack
 import numpy as np
@@ -41,7 +41,8 @@ INT64_MAX = (1 << 63) - 1
 SEGMENT, WEIGHTS = "segment", "weights"
 # Control messages: required meta keys and their types (extra keys are refused).
 CONTROL_META: dict[str, dict[str, type]] = {
-    "hello": {"actor_id": str, "host": str, "pid": int},       # actor -> learner
+    "hello": {"actor_id": str, "host": str, "pid": int, "num_envs": int},   # actor -> learner
+                                                                # (num_envs 0: the learner's config)
     "welcome": {},                                              # learner -> actor (free-form dict)
     "heartbeat": {},                                            # both ways (actor adds actor_id)
     "rejoin": {},                                               # learner: "unknown actor, say hello"
@@ -239,34 +240,56 @@ class Segment:
     arrays: dict[str, np.ndarray]
 
 
-# name -> (dtype tag, dims). Dims: "T1" = T+1; letters are SegmentSpec dims; ints are fixed;
-# "R" is rewards' optional K axis (action_level rewards).
-SEGMENT_FIELDS: dict[str, tuple[str, tuple]] = {
-    "image": ("uint8", ("T1", "B", "H", "W", 3)),
-    "instruction": ("int64", ("T1", "B", "L")),
-    "instruction_mask": ("uint8", ("T1", "B", "L")),
-    "state": ("float32", ("T1", "B", "S")),
-    "action_tokens": ("int64", ("T", "B", "N")),
-    "behavior_logp": ("float32", ("T", "B", "N")),
-    "rewards": ("float32", ("T", "B", "R")),
-    "terminated": ("uint8", ("T", "B")),
-    "truncated": ("uint8", ("T", "B")),
-    "final_index": ("int64", ("n", 2)),
-    "final_image": ("uint8", ("n", "H", "W", 3)),
-    "final_instruction": ("int64", ("n", "L")),
-    "final_instruction_mask": ("uint8", ("n", "L")),
-    "final_state": ("float32", ("n", "S")),
-    "ep_return": ("float32", ("E",)),
-    "ep_length": ("int64", ("E",)),
-    "ep_success": ("uint8", ("E",)),
+class Field(NamedTuple):
+    """One segment array: its dtype tag, its dims and its role.
+
+    dims: ints are fixed; letters are sizes: T steps, "T1" = T+1, B envs, H/W image, L instruction,
+    S state, N action tokens (K*D), R the K axis of action-level rewards, n truncations, E episodes.
+    role: "obs" [T+1, B, ...] (the last one bootstraps V), "step" [T, B, ...], "final" [n, ...]
+    (the final observation of each truncated episode, named final_<obs>), "index" (final_index
+    [n, 2]: the (t, b) of each truncation), "episode" [E] (stats of episodes that ended).
+    """
+    dtype: str
+    dims: tuple
+    role: str
+
+
+# The observation, per env: name -> (dtype, dims after [T+1, B]). Each also has a final_<name>.
+_OBSERVATION = {"image": ("uint8", ("H", "W", 3)), "instruction": ("int64", ("L",)),
+                "instruction_mask": ("uint8", ("L",)), "state": ("float32", ("S",))}
+FINAL_PREFIX = "final_"
+
+# The segment schema: the one definition that actors (actors/rollout.py), the receiver (below)
+# and the learner (learner/ingest.py, learner/update.py) iterate over.
+SEGMENT_FIELDS: dict[str, Field] = {
+    **{k: Field(dt, ("T1", "B", *d), "obs") for k, (dt, d) in _OBSERVATION.items()},
+    "action_tokens": Field("int64", ("T", "B", "N"), "step"),
+    "behavior_logp": Field("float32", ("T", "B", "N"), "step"),
+    "rewards": Field("float32", ("T", "B", "R"), "step"),
+    "terminated": Field("uint8", ("T", "B"), "step"),
+    "truncated": Field("uint8", ("T", "B"), "step"),
+    "final_index": Field("int64", ("n", 2), "index"),
+    **{FINAL_PREFIX + k: Field(dt, ("n", *d), "final") for k, (dt, d) in _OBSERVATION.items()},
+    "ep_return": Field("float32", ("E",), "episode"),
+    "ep_length": Field("int64", ("E",), "episode"),
+    "ep_success": Field("uint8", ("E",), "episode"),
 }
-STATE_FIELDS = ("state", "final_state")                  # present only when S > 0
-FINITE_FIELDS = ("state", "final_state", "behavior_logp", "rewards", "ep_return")
-BINARY_FIELDS = ("terminated", "truncated", "instruction_mask", "final_instruction_mask", "ep_success")
-TOKEN_FIELDS = ("instruction", "final_instruction", "action_tokens")
+OBS_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.role == "obs")
+TIME_MAJOR_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.role in ("obs", "step"))
+FINAL_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.role == "final")
+STATE_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if "S" in f.dims)   # present only when S > 0
+# Value checks on receipt: floats finite, flags and masks 0/1, token ids below the vocabulary.
+FINITE_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.dtype == "float32")
+BINARY_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.dtype == "uint8" and "H" not in f.dims)
+TOKEN_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.dtype == "int64" and {"L", "N"} & set(f.dims))
 SEGMENT_META = {"actor_id": str, "seq": int, "policy_version": int, "num_steps": int,
                 "num_envs": int, "env_steps": int}
 SEGMENT_META_OPTIONAL = {"act_s": float, "env_s": float}
+
+
+def final_field(obs_name: str) -> str:
+    """The name of an observation field's final-observation counterpart."""
+    return FINAL_PREFIX + obs_name
 
 
 @dataclass(frozen=True)
@@ -284,11 +307,11 @@ class SegmentSpec:
     max_envs: int | None = None
     vocab_size: int | None = None
 
-    def fields(self) -> dict[str, tuple[str, tuple]]:
-        """The expected arrays: name -> (dtype tag, dims)."""
+    def fields(self) -> dict[str, Field]:
+        """The expected arrays: name -> Field."""
         fields = {k: v for k, v in SEGMENT_FIELDS.items() if self.state_dim > 0 or k not in STATE_FIELDS}
         if not self.action_level_rewards:
-            fields["rewards"] = ("float32", ("T", "B"))
+            fields["rewards"] = Field("float32", ("T", "B"), "step")
         return fields
 
 
@@ -296,6 +319,7 @@ def encode_segment(segment: Segment) -> list:
     unknown = set(segment.arrays) - set(SEGMENT_FIELDS)
     if unknown:
         raise KeyError(f"segment arrays {sorted(unknown)} are not in the schema {list(SEGMENT_FIELDS)}")
+    check_segment_meta(segment.meta)        # the sender finds a bad meta, not the receiver
     return encode(SEGMENT, segment.meta, segment.arrays)
 
 
@@ -349,7 +373,7 @@ def _check_segment_layout(msg: Message, spec: SegmentSpec) -> dict[str, int]:
         missing, extra = sorted(set(fields) - set(arrays)), sorted(set(arrays) - set(fields))
         raise ValidationError("bad_fields", f"missing {missing}, unexpected {extra}")
     dims = _segment_dims(arrays, spec, msg.meta)
-    for name, (tag, shape) in fields.items():
+    for name, (tag, shape, _) in fields.items():
         if msg.tags[name] != tag:
             raise ValidationError("bad_dtype", f"'{name}' is {msg.tags[name]}, expected {tag}")
         want = tuple(dims[d] if type(d) is str else d for d in shape)
@@ -359,7 +383,7 @@ def _check_segment_layout(msg: Message, spec: SegmentSpec) -> dict[str, int]:
 
 
 @functools.lru_cache(maxsize=64)
-def _fields_of(spec: SegmentSpec) -> dict[str, tuple[str, tuple]]:
+def _fields_of(spec: SegmentSpec) -> dict[str, Field]:
     return spec.fields()
 
 
@@ -423,11 +447,14 @@ def all_finite(a: np.ndarray) -> bool:
 
 
 # ---------------------------------------------------------------------------------- weights
-def encode_weights(version: int, tensors: Mapping[str, Any]) -> list:
-    """Frames of a weights message; numpy arrays or torch tensors (bf16 travels as uint16 bits)."""
-    if type(version) is not int or version < 0:
-        raise ValueError(f"weights version must be an int >= 0, got {version!r}")
-    return encode(WEIGHTS, {"version": version}, tensors)
+def encode_weights(version: int, tensors: Mapping[str, Any], step: int | None = None) -> list:
+    """Frames of a weights message; numpy arrays or torch tensors (bf16 travels as uint16 bits).
+    `step`: the learner update that produced this version (for evaluators), when known."""
+    for name, value in (("version", version), ("step", step)):
+        if value is not None and (type(value) is not int or value < 0):
+            raise ValueError(f"weights {name} must be an int >= 0, got {value!r}")
+    meta = {"version": version} if step is None else {"version": version, "step": step}
+    return encode(WEIGHTS, meta, tensors)
 
 
 def decode_weights(frames: Sequence[Any], limits: Limits) -> tuple[int, dict[str, np.ndarray]]:
@@ -437,13 +464,15 @@ def decode_weights(frames: Sequence[Any], limits: Limits) -> tuple[int, dict[str
 
 
 def weights_of(msg: Message) -> tuple[int, dict[str, np.ndarray]]:
-    """Check a decoded "weights" message and return (version, tensors)."""
+    """Check a decoded "weights" message and return (version, tensors); its optional meta
+    "step" (the learner update behind the version) stays in msg.meta."""
     expect_kind(msg, WEIGHTS)
-    if set(msg.meta) != {"version"}:
-        raise ValidationError("bad_meta", "weights meta must be exactly {version}")
-    check_meta(msg.meta, {"version": int})
-    if msg.meta["version"] < 0:
-        raise ValidationError("bad_meta", f"weights version {msg.meta['version']} < 0")
+    if not {"version"} <= set(msg.meta) <= {"version", "step"}:
+        raise ValidationError("bad_meta", "weights meta must be {version} or {version, step}")
+    check_meta(msg.meta, {k: int for k in msg.meta})
+    for key, value in msg.meta.items():
+        if value < 0:
+            raise ValidationError("bad_meta", f"weights {key} {value} < 0")
     out = {}
     for name, arr in msg.arrays.items():
         if msg.tags[name] == "bfloat16":
@@ -513,7 +542,8 @@ def total_bytes(frames: Iterable[Any]) -> int:
 
 
 __all__ = ["SCHEMA_VERSION", "DTYPES", "ValidationError", "Limits", "Message", "Segment", "SegmentSpec",
-           "SEGMENT_FIELDS", "encode", "decode", "encode_segment", "decode_segment", "encode_weights",
+           "SEGMENT_FIELDS", "Field", "OBS_FIELDS", "TIME_MAJOR_FIELDS", "FINAL_FIELDS", "final_field",
+           "encode", "decode", "encode_segment", "decode_segment", "encode_weights",
            "decode_weights", "weights_of", "encode_control", "decode_control", "control_of", "files_of",
            "all_finite",
            "bf16_bits_to_float32", "total_bytes"]

@@ -63,10 +63,11 @@ class WeightServer:
         current = self._current
         return -1 if current is None else current[0]
 
-    def publish(self, version: int, tensors: dict) -> None:
-        """Make (version, tensors) the newest. Encoded once here; the arrays are sent without a
-        copy, so the caller must not modify them afterwards (hand over fresh tensors)."""
-        frames = [zmq.Frame(f, copy=False) for f in encode_weights(version, tensors)]
+    def publish(self, version: int, tensors: dict, step: int | None = None) -> None:
+        """Make (version, tensors) the newest (`step`: the learner update behind it, which
+        subscribers read as `.step`). Encoded once here; the arrays are sent without a copy, so
+        the caller must not modify them afterwards (hand over fresh tensors)."""
+        frames = [zmq.Frame(f, copy=False) for f in encode_weights(version, tensors, step)]
         with self._lock:
             if version <= self.version:
                 raise ValueError(f"weights version {version} must be newer than the published {self.version}")
@@ -153,8 +154,9 @@ class WeightSubscriber:
 
     Each version is handed out once (then forgotten here, so its memory goes with the caller):
     `poll_newest(newer_than=v)` returns (version, tensors) or None at once; `wait_newer(v,
-    timeout)` waits for one; `reset()` starts over after a learner restart. Tensors are numpy arrays viewing the received frames (bf16 arrives
-    as float32).
+    timeout)` waits for one; `reset()` starts over after a learner restart. Tensors are numpy
+    arrays viewing the received frames (bf16 arrives as float32). After a version is handed out,
+    `step` is the learner update that produced it (None if the server did not say).
     """
 
     def __init__(self, endpoint: str, tcfg, wait_s: float = 1.0):
@@ -165,8 +167,9 @@ class WeightSubscriber:
         self._dealer = self._node.socket(zmq.DEALER, connect=endpoint, SNDHWM=4, IMMEDIATE=1)
         self._limits = Limits.for_kind(WEIGHTS, tcfg.max_message_mb)
         self._cond = threading.Condition()
-        self._newest: tuple[int, dict] | None = None
+        self._newest: tuple[int, dict, int | None] | None = None
         self.version = -1                     # newest version received
+        self.step: int | None = None          # learner step of the version last handed out
         self.stats = {"received": 0, "superseded": 0, "invalid": Counter()}
         self._drop_log = DropLog(f"weight subscriber ({endpoint})")
         self._closed = False
@@ -200,7 +203,8 @@ class WeightSubscriber:
         if newest is None or newest[0] <= newer_than:
             return None
         self._newest = None
-        return newest
+        version, tensors, self.step = newest
+        return version, tensors
 
     # -------------------------------------------------------------- fetch thread
     def _fetch(self) -> None:
@@ -224,17 +228,17 @@ class WeightSubscriber:
                 if msg.kind == "no_weights":
                     control_of(msg, "no_weights")
                 else:
-                    self._store(*weights_of(msg))
+                    self._store(*weights_of(msg), msg.meta.get("step"))
             except ValidationError as e:
                 self.stats["invalid"][e.reason] += 1
                 self._drop_log(e.reason, str(e))
 
-    def _store(self, version: int, tensors: dict) -> None:
+    def _store(self, version: int, tensors: dict, step: int | None) -> None:
         with self._cond:
             if version <= self.version:
                 return
             if self._newest is not None:
                 self.stats["superseded"] += 1
-            self._newest, self.version = (version, tensors), version
+            self._newest, self.version = (version, tensors, step), version
             self.stats["received"] += 1
             self._cond.notify_all()

@@ -37,6 +37,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from asyncvla.common.config import ConfigError, load_config, parse_overrides
+    from asyncvla.common.rundir import run_dir as run_dir_of_config
 
     overrides = parse_overrides(args.overrides)
     try:
@@ -44,7 +45,7 @@ def run(args) -> int:
     except ConfigError as e:
         print(f"asyncvla pipeline: config error: {e}", file=sys.stderr)
         return 2
-    run_dir = Path(cfg.logging.output_dir) / cfg.logging.experiment_name
+    run_dir = run_dir_of_config(cfg)
     demos, policy = run_dir / "demos", run_dir / "sft" / "policy"
     cli = [sys.executable, "-m", "asyncvla.launch.cli"]
 

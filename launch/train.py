@@ -3,7 +3,7 @@
 Wiring only: it resolves the config once, starts
     deepspeed [--hostfile H | --num_gpus R] --master_port P --module asyncvla.learner.main RESOLVED.yaml
 and `launch.num_local_actors` actor processes that join the learner over ZeroMQ (plus, with
-`eval.eval_interval`, an evaluator process: launch/evaluator.py), restarts an
+`eval.eval_interval`, an evaluator process: actors/evaluator.py), restarts an
 actor that crashes (up to launch.max_actor_restarts), and when the learner ends — by its budget,
 a crash or Ctrl-C — stops every child. Each child runs in its own process group so nothing is
 orphaned.
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides, to_yaml
+from asyncvla.common.rundir import run_dir as run_dir_of_config
 
 
 def add_parser(sub) -> None:
@@ -54,7 +55,7 @@ def run(args) -> int:
 
 
 def launch(cfg: Config) -> int:
-    run_dir = _run_dir(cfg)
+    run_dir = run_dir_of_config(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = run_dir / "launch_config.yaml"
     resolved.write_text(to_yaml(cfg))
@@ -68,8 +69,7 @@ def launch(cfg: Config) -> int:
     restarts = {i: 0 for i in actors}
     evaluator = None
     if cfg.eval.eval_interval:
-        evaluator = children.start("evaluator", [sys.executable, "-m", "asyncvla.launch.evaluator",
-                                                 str(resolved), "--host", _connect_host(cfg)])
+        evaluator = children.start("evaluator", evaluator_command(control, run_dir, keys))
     print(f"asyncvla: run dir {run_dir}; tensorboard --logdir {run_dir / 'tb'}", flush=True)
     try:
         while learner.poll() is None:
@@ -117,11 +117,10 @@ def actor_command(control_endpoint: str, index: int, keys_dir: str | None = None
     return cmd + (["--keys-dir", keys_dir] if keys_dir else [])
 
 
-def _run_dir(cfg: Config) -> Path:
-    if cfg.checkpoint.resume:
-        p = Path(cfg.checkpoint.resume).resolve()
-        return p.parents[1] if p.parent.name == "checkpoints" else p
-    return Path(cfg.logging.output_dir) / cfg.logging.experiment_name
+def evaluator_command(control_endpoint: str, run_dir: Path, keys_dir: str | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "asyncvla.actors.evaluator", "--learner", control_endpoint,
+           "--run-dir", str(run_dir)]
+    return cmd + (["--keys-dir", keys_dir] if keys_dir else [])
 
 
 def _connect_host(cfg: Config) -> str:

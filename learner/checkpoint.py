@@ -35,7 +35,7 @@ from asyncvla.common.config import ConfigError
 
 log = logging.getLogger("asyncvla.learner")
 
-CHECKPOINTS = "checkpoints"
+from asyncvla.common.rundir import CHECKPOINTS  # noqa: E402  (the run layout's one name for it)
 MARKER = "COMPLETE.json"
 POINTER = "latest_complete"
 CLIENT_KEY = "asyncvla_client_state"

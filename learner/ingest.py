@@ -4,8 +4,12 @@ A segment from an actor with B envs holds B independent trajectories ("columns")
 Every learner rank must run the same number of forward/backward passes per update (ZeRO-3
 gathers parameters collectively), so a rank's batch is a fixed number of columns, whatever the
 actors' num_envs: columns are buffered, a batch takes exactly `n`, and a partly used segment
-keeps its remaining columns for the next batch. Stale columns (older than `max_policy_lag`
-versions) are dropped when they would be used, and counted.
+keeps its remaining columns for the next batch.
+
+The lag rule: a column made by policy version v is used by an update at version V only if
+0 <= V - v <= max_policy_lag. `Inbox` applies it when a segment arrives and again, through
+`ColumnBuffer.drop_stale`, to columns left over in the buffer while the learner moved on; every
+dropped segment is counted by reason.
 """
 
 from __future__ import annotations
@@ -15,10 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# Arrays indexed [time, column, ...] in a segment; everything else is per truncated step or per episode.
-TIME_MAJOR = ("image", "instruction", "instruction_mask", "state", "action_tokens", "behavior_logp",
-              "rewards", "terminated", "truncated")
-FINAL = ("final_image", "final_instruction", "final_instruction_mask", "final_state")
+from asyncvla.common.protocol import FINAL_FIELDS, TIME_MAJOR_FIELDS
 
 
 @dataclass
@@ -47,11 +48,17 @@ class ColumnBuffer:
         self._columns += arrays["action_tokens"].shape[1]
 
     def drop_stale(self, current_version: int) -> None:
-        while self._queue and current_version - self._queue[0][1] > self.max_policy_lag:
-            arrays, _, start = self._queue.popleft()
-            n = arrays["action_tokens"].shape[1] - start
-            self._columns -= n
-            self.dropped["stale"] += 1
+        """Forget every column older than max_policy_lag versions (actors run different versions,
+        so a stale segment may sit behind a fresh one: the whole queue is checked)."""
+        keep = deque()
+        for entry in self._queue:
+            arrays, version, start = entry
+            if current_version - version > self.max_policy_lag:
+                self._columns -= arrays["action_tokens"].shape[1] - start
+                self.dropped["stale"] += 1
+            else:
+                keep.append(entry)
+        self._queue = keep
 
     @property
     def columns(self) -> int:
@@ -77,10 +84,10 @@ class ColumnBuffer:
 
 def concat_columns(parts) -> Batch:
     """Concatenate column ranges [lo, hi) of several segments along the column axis."""
-    keys = [k for k in TIME_MAJOR if k in parts[0][0]]
+    keys = [k for k in TIME_MAJOR_FIELDS if k in parts[0][0]]
     arrays = {k: np.concatenate([a[k][:, lo:hi] for a, _, lo, hi in parts], axis=1) for k in keys}
     versions = np.concatenate([np.full(hi - lo, v, np.int64) for _, v, lo, hi in parts])
-    final_index, finals, offset = [], {k: [] for k in FINAL}, 0
+    final_index, finals, offset = [], {k: [] for k in FINAL_FIELDS}, 0
     for a, _, lo, hi in parts:
         idx = a["final_index"]
         keep = (idx[:, 1] >= lo) & (idx[:, 1] < hi) if len(idx) else np.zeros(0, bool)
@@ -88,10 +95,78 @@ def concat_columns(parts) -> Batch:
             moved = idx[keep].copy()
             moved[:, 1] += offset - lo
             final_index.append(moved)
-            for k in FINAL:
+            for k in FINAL_FIELDS:
                 if k in a:
                     finals[k].append(a[k][keep])
         offset += hi - lo
     finals = {k: np.concatenate(v) for k, v in finals.items() if v}
     fi = np.concatenate(final_index) if final_index else np.zeros((0, 2), np.int64)
     return Batch(arrays=arrays, versions=versions, final_index=fi, finals=finals)
+
+
+class Inbox:
+    """One learner rank's trajectories: receive segments, apply the lag rule, buffer columns.
+
+    `fill(n, version, stop)` receives until n columns no older than max_policy_lag versions are
+    buffered (False if `stop` was set first); `take(n)` then returns them as a Batch. Each
+    received segment goes to `on_segment(segment, lag)` (metrics). `drops` counts dropped
+    segments by reason: stale, future_version (made by a learner run this one never was, e.g.
+    before a restart) and invalid (refused by the receiver's checks).
+    """
+
+    def __init__(self, receiver, max_policy_lag: int, on_segment=None):
+        self.receiver = receiver
+        self.max_policy_lag = max_policy_lag
+        self.buffer = ColumnBuffer(max_policy_lag)
+        self.on_segment = on_segment
+        self._stale = self._future = 0
+
+    def fill(self, n: int, version: int, stop) -> bool:
+        self.buffer.drop_stale(version)
+        while self.buffer.columns < n:
+            if stop.is_set():
+                return False
+            seg = self.receiver.recv(timeout_ms=200)
+            if seg is None:
+                continue
+            made_by = int(seg.meta["policy_version"])
+            lag = version - made_by
+            if lag > self.max_policy_lag:
+                self._stale += 1
+            elif lag < 0:
+                self._future += 1
+            else:
+                self.buffer.add(seg.arrays, made_by)
+                if self.on_segment is not None:
+                    self.on_segment(seg, lag)
+        return True
+
+    def take(self, n: int) -> Batch:
+        return self.buffer.take(n)
+
+    @property
+    def drops(self) -> dict[str, int]:
+        """Dropped segments so far, by reason (running totals)."""
+        invalid = sum(self.receiver.stats.get("invalid", {}).values())
+        return {"stale": self._stale + self.buffer.dropped["stale"], "future_version": self._future,
+                "invalid": invalid}
+
+
+def rollout_plan(cfg, num_ranks: int, actor_envs: int) -> dict[str, int]:
+    """What the learner tells an actor with `actor_envs` envs in its welcome:
+
+    segments_per_version: the actor's share of one update, in segments — what it sends per
+        weight version in --sync mode. Segments go round-robin to the ranks, so k per rank from
+        each actor; k is the least that fills a rank's share of the batch when the expected
+        actors (launch.num_local_actors, at least 1) all send. An actor alone gets a whole batch.
+    max_segments_in_flight: segments sent but not yet taken by a rank before the actor waits
+        (actor.max_segments_in_flight, else one update's share; 0 = never wait, as drop_oldest).
+    """
+    producers = max(1, cfg.launch.num_local_actors) * actor_envs
+    per_rank = -(-cfg.learner.batch_trajectories // num_ranks)
+    per_version = num_ranks * max(1, -(-per_rank // producers))
+    in_flight = cfg.actor.max_segments_in_flight
+    in_flight = per_version if in_flight is None else in_flight
+    if cfg.actor.backpressure != "block":
+        in_flight = 0
+    return {"segments_per_version": per_version, "max_segments_in_flight": in_flight}

@@ -3,15 +3,20 @@
 Groups: train/actor/* (policy side of the loss), train/critic/* (value side), env/* (episodes),
 rollout/* (data as it arrived: rewards, policy lag), time/* (throughput and where time went),
 system/* (actors, drops, memory).
+
+Every rank counts what it received and computes its own loss statistics; once per update
+`Metrics.report` combines them over ranks with one collective (a fixed-size vector per rank) and
+rank 0 writes. Between reports a rank holds a fixed set of sums, so nothing grows on any rank.
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 
 import numpy as np
 import psutil
+import torch
+import torch.distributed as dist
 
 # Where each loss statistic belongs.
 GROUPS = {
@@ -21,16 +26,40 @@ GROUPS = {
     "lr": "train/actor", "value_loss": "train/critic", "explained_variance": "train/critic",
 }
 
+# How a scalar combines over ranks: summed counts, maxima; everything else is the ranks' mean.
+SUMMED = ("segments", "lag_sum", "episodes", "return_sum", "length_sum", "success_sum", "env_steps",
+          "dropped_stale", "dropped_future_version", "dropped_invalid")
+MAXED = ("lag_max", "train/actor/ratio_max", "actors_seen", "time_up")
+
 
 def group(stats: dict) -> dict:
     """Prefix loss statistics with their group; keys that already carry a group are kept."""
     return {(k if "/" in k else f"{GROUPS.get(k, 'train')}/{k}"): v for k, v in stats.items()}
 
 
-class Metrics:
-    """Accumulates scalars between flushes; rank 0 writes them. Other ranks hold a no-op writer."""
+def reduce_over_ranks(values: dict[str, float], device=None) -> dict[str, float]:
+    """Combine each rank's scalars with ONE collective: keys in SUMMED are summed, in MAXED take
+    the maximum, the rest the mean over ranks. Every rank must pass the same keys."""
+    keys = sorted(values)
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return {k: float(values[k]) for k in keys}
+    local = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
+    rows = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, local)
+    table = torch.stack(rows).cpu().numpy()              # [ranks, keys]
+    out = {}
+    for j, k in enumerate(keys):
+        col = table[:, j]
+        out[k] = float(col.sum() if k in SUMMED else col.max() if k in MAXED else col.mean())
+    return out
 
-    def __init__(self, log_dir: str | None, progress_total: int, show_progress: bool, start_step: int = 0):
+
+class Metrics:
+    """Per-rank counters of received data, combined over ranks once per update; rank 0 (the one
+    given a log_dir) writes tensorboard and the progress bar."""
+
+    def __init__(self, log_dir: str | None, progress_total: int, show_progress: bool, start_step: int = 0,
+                 env_steps: int = 0):
         self.writer = None
         self.bar = None
         if log_dir is not None:
@@ -40,52 +69,79 @@ class Metrics:
                 from tqdm import tqdm
                 self.bar = tqdm(total=progress_total, initial=start_step, unit="upd",
                                 dynamic_ncols=True, mininterval=1.0)
-        self.episodes = defaultdict(list)
-        self.lags: list[int] = []
-        self.t_last = time.perf_counter()
-        self.env_steps_last = 0
-        self.samples_since = 0
+        self.env_steps = env_steps          # all ranks, since the run began (kept in checkpoints)
+        self.last: dict = {}
+        self._t_last = time.perf_counter()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.counts = dict.fromkeys(("segments", "lag_sum", "lag_max", "episodes", "return_sum",
+                                     "length_sum", "success_sum", "env_steps"), 0.0)
+        self.actors: set[str] = set()       # ids seen since the last report (as many as actors)
 
     # ------------------------------------------------------------------ collected as data arrives
-    def add_segment(self, arrays: dict, lag: int) -> None:
-        self.lags.append(lag)
-        self.episodes["return"] += arrays["ep_return"].tolist()
-        self.episodes["length"] += arrays["ep_length"].tolist()
-        self.episodes["success"] += arrays["ep_success"].astype(float).tolist()
+    def add_segment(self, segment, lag: int) -> None:
+        a, c = segment.arrays, self.counts
+        c["segments"] += 1
+        c["lag_sum"] += lag
+        c["lag_max"] = max(c["lag_max"], lag)
+        c["episodes"] += len(a["ep_return"])
+        c["return_sum"] += float(a["ep_return"].sum())
+        c["length_sum"] += float(a["ep_length"].sum())
+        c["success_sum"] += float(a["ep_success"].sum())
+        c["env_steps"] += int(segment.meta["env_steps"])
+        self.actors.add(segment.meta["actor_id"])
 
     # --------------------------------------------------------------------------- once an update
-    def log(self, step: int, scalars: dict, env_steps: int, samples: int) -> None:
+    def report(self, step: int, scalars: dict, drops: dict, samples: int, device=None,
+               time_up: bool = False, rank0_only: dict | None = None) -> dict:
+        """Combine this update's figures over ranks (a collective: every rank calls it, with the
+        same `scalars` keys) and log them on rank 0, with `rank0_only` (figures only rank 0 has).
+        Returns the combined scalars ("rollout/env_steps" is the run's total, "time_up" is 1 if
+        any rank's time budget ran out)."""
+        local = {**self.counts, **{f"dropped_{k}": v for k, v in drops.items()},
+                 "actors_seen": len(self.actors), "time_up": float(time_up), **scalars}
+        total = reduce_over_ranks(local, device)
+        self._reset()
+        new_env_steps = int(total.pop("env_steps"))
+        self.env_steps += new_env_steps
+        out = {k: v for k, v in total.items() if k not in self.counts and not k.startswith("dropped_")}
+        out.pop("actors_seen")
+        n_seg, n_ep = total["segments"], total["episodes"]
+        if n_seg:
+            out["rollout/policy_lag_mean"] = total["lag_sum"] / n_seg
+            out["rollout/policy_lag_max"] = total["lag_max"]
+        if n_ep:
+            for name in ("return", "length", "success"):
+                out[f"env/episode_{name}"] = total[f"{name}_sum"] / n_ep
+        out["system/actors_contributing"] = total["actors_seen"]      # the most any rank heard from
+        out.update({f"system/{k}": v for k, v in total.items() if k.startswith("dropped_")})
+        out["rollout/env_steps"] = self.env_steps
+        out.update(rank0_only or {})
+        self._write(step, out, samples, new_env_steps)
+        return out
+
+    def _write(self, step: int, out: dict, samples: int, env_steps: int) -> None:
+        now = time.perf_counter()
+        dt = max(now - self._t_last, 1e-9)
+        self._t_last = now
+        out["time/samples_per_s"] = samples / dt
+        out["time/env_steps_per_s"] = env_steps / dt
+        self.last = out
         if self.writer is None:
             return
-        self.samples_since += samples
-        now = time.perf_counter()
-        dt = max(now - self.t_last, 1e-9)
-        out = dict(scalars)
-        out["time/samples_per_s"] = self.samples_since / dt
-        out["time/env_steps_per_s"] = (env_steps - self.env_steps_last) / dt
-        out["rollout/env_steps"] = env_steps
-        if self.lags:
-            out["rollout/policy_lag_mean"] = float(np.mean(self.lags))
-            out["rollout/policy_lag_max"] = float(np.max(self.lags))
-        for name in ("return", "length", "success"):
-            if self.episodes[name]:
-                out[f"env/episode_{name}"] = float(np.mean(self.episodes[name]))
         out["system/rss_gb"] = psutil.Process().memory_info().rss / 2**30
         for k, v in out.items():
-            if v is not None and np.isfinite(v):
+            if k != "time_up" and v is not None and np.isfinite(v):
                 self.writer.add_scalar(k, v, step)
         self.writer.flush()        # an update takes seconds: flushing each one loses nothing on a crash
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             sr = out.get("env/episode_success")
             self.bar.set_postfix_str(
-                f"env_steps={env_steps} success={'-' if sr is None else f'{sr:.0%}'} "
+                f"env_steps={self.env_steps} success={'-' if sr is None else f'{sr:.0%}'} "
                 f"samples/s={out['time/samples_per_s']:.0f} lag={out.get('rollout/policy_lag_mean', 0):.1f}",
                 refresh=False)
-        self.t_last, self.env_steps_last, self.samples_since = now, env_steps, 0
-        self.lags.clear()
-        self.episodes.clear()
-        self.last = out
 
     def text(self, tag: str, text: str) -> None:
         if self.writer is not None:

@@ -5,7 +5,9 @@
         published = ema.update(tensors)          # θ_pub <- d·θ_pub + (1-d)·θ, fp32 shadow
         weights.publish(version, published)
 
-or both at once with timings: `published, timings = publish_step(engine, ema_or_None)`.
+or both at once with timings: `published, timings = publish_step(engine, ema_or_None)`; the
+learner's loop calls `Publisher(ema, weight_server).publish(engine, version, step)`, which does that
+and serves the result.
 
 Names are the module's own parameter names (as an un-wrapped copy of the model sees them), so
 an actor can `load_trainable_state_dict` them straight into its copy.
@@ -147,3 +149,26 @@ def publish_step(model, ema: EmaPublisher | None) -> tuple[dict[str, torch.Tenso
     published = ema.update(tensors)
     timings["ema_s"] = ema.timings["ema_s"]
     return published, timings
+
+
+class Publisher:
+    """The learner's publishing, every publish_interval: gather the trainable weights (a
+    collective: every rank calls `publish`), then on rank 0 — the one built with `ema` and the
+    weight `server` — EMA them and serve them as the new version."""
+
+    def __init__(self, ema: EmaPublisher | None = None, server=None):
+        self.ema, self.server = ema, server
+
+    def publish(self, model, version: int, step: int) -> float:
+        """Publish `version`, made by update `step`; returns the seconds it took on this rank."""
+        t0 = time.perf_counter()
+        published, _ = publish_step(model, self.ema)
+        if published is not None and self.server is not None:
+            self.server.publish(version, {k: v.numpy() for k, v in published.items()}, step)
+        return time.perf_counter() - t0
+
+    def republish(self, version: int, step: int) -> float:
+        """Serve the EMA weights exactly as a checkpoint restored them (a resumed run; no gather)."""
+        if self.ema is not None and self.server is not None:
+            self.server.publish(version, {k: v.numpy() for k, v in self.ema.published().items()}, step)
+        return 0.0

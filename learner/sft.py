@@ -29,6 +29,7 @@ import torch.distributed as dist
 from asyncvla.common.config import Config, to_dict, to_yaml
 from asyncvla.common.demos import DemoSpec, read_demos
 from asyncvla.common.policy import VLAPolicy
+from asyncvla.common.rundir import run_dir
 from asyncvla.learner import checkpoint, engine as ds_engine
 from asyncvla.learner.publish import gather_trainable
 from asyncvla.learner.sft_data import SFTSamples, build_samples, split_by_episode
@@ -41,7 +42,7 @@ SUMMARY = "summary.json"
 
 
 def sft_dir(cfg: Config) -> Path:
-    return Path(cfg.logging.output_dir) / cfg.logging.experiment_name / SFT_DIR
+    return run_dir(cfg) / SFT_DIR
 
 
 def demo_spec(cfg: Config) -> DemoSpec:

@@ -15,11 +15,10 @@ import torch.distributed as dist
 
 from asyncvla.common.config import Config
 from asyncvla.common.policy import reduce_logprobs
+from asyncvla.common.protocol import OBS_FIELDS, final_field
 from asyncvla.learner.ingest import Batch
-from asyncvla.learner.loss import ppo_loss
-from asyncvla.learner.vtrace import chunk_rewards, vtrace
-
-OBS_KEYS = ("image", "instruction", "instruction_mask", "state")
+from asyncvla.learner.loss import ppo_loss_from_config
+from asyncvla.learner.vtrace import bootstrap_truncated, chunk_rewards, vtrace
 
 
 def step_discount(cfg: Config) -> float:
@@ -29,10 +28,11 @@ def step_discount(cfg: Config) -> float:
     return g ** cfg.policy.num_action_chunks if cfg.algorithm.reward_type == "action_level" else g
 
 
-def update(engine, batch: Batch, cfg: Config, device: torch.device) -> dict:
-    """Targets without gradient, then `update_epochs` passes of PPO over `num_minibatches` minibatches."""
+def update(engine, batch: Batch, cfg: Config, device: torch.device, step: int = 0) -> dict:
+    """Targets without gradient, then `update_epochs` passes of PPO over `num_minibatches`
+    minibatches. `step` (the update's number) seeds the minibatch order."""
     targets = compute_targets(engine, batch, cfg, device)
-    stats = ppo_epochs(engine, batch, targets, cfg, device)
+    stats = ppo_epochs(engine, batch, targets, cfg, device, seed=cfg.actor.seed * 1_000_003 + step)
     stats.update(targets["stats"])
     return stats
 
@@ -46,11 +46,11 @@ def compute_targets(engine, batch: Batch, cfg: Config, device) -> dict:
     K, D = cfg.policy.num_action_chunks, cfg.policy.action_dim
 
     # π_θ on all T+1 observations (the last only for its value) and on the truncation finals.
-    obs = {k: _flat(a[k]) for k in OBS_KEYS if k in a}                    # [(T+1)*N, ...]
+    obs = {k: _flat(a[k]) for k in OBS_FIELDS if k in a}                  # [(T+1)*N, ...]
     tokens = _flat(np.concatenate([a["action_tokens"], a["action_tokens"][-1:]]))
     n_final = _max_over_ranks(len(batch.final_index), device)
     if n_final:
-        fin = _pad_rows({k: batch.finals["final_" + k] for k in OBS_KEYS if "final_" + k in batch.finals},
+        fin = _pad_rows({k: batch.finals[final_field(k)] for k in obs if final_field(k) in batch.finals},
                         n_final, like=obs)
         obs = {k: np.concatenate([obs[k], fin[k]]) for k in obs}
         tokens = np.concatenate([tokens, np.repeat(tokens[:1], n_final, axis=0)])   # any valid tokens: only V is used
@@ -70,15 +70,15 @@ def compute_targets(engine, batch: Batch, cfg: Config, device) -> dict:
     gamma = step_discount(cfg)
     if rewards.dim() == 3:   # action_level: per env step, discounted inside the chunk
         rewards = chunk_rewards(rewards, cfg.algorithm.gamma)
-    terminated = torch.from_numpy(a["terminated"]).to(device).bool()
-    truncated = torch.from_numpy(a["truncated"]).to(device).bool()
+    terminated = torch.from_numpy(a["terminated"]).to(device)
+    truncated = torch.from_numpy(a["truncated"]).to(device)
     # A truncated step bootstraps from V(final observation), never from the next episode's first
-    # observation: add γ·V(final) to its reward and cut the discount (see learner/vtrace.py).
+    # observation (see learner/vtrace.py).
+    final_v = torch.zeros_like(rewards)
     if len(batch.final_index):
-        t_idx = torch.from_numpy(batch.final_index[:, 0]).to(device)
-        b_idx = torch.from_numpy(batch.final_index[:, 1]).to(device)
-        rewards = rewards.index_put((t_idx, b_idx), gamma * final_values, accumulate=True)
-    discounts = gamma * (~(terminated | truncated)).float()
+        t_idx, b_idx = torch.from_numpy(batch.final_index.T).to(device)
+        final_v[t_idx, b_idx] = final_values
+    rewards, discounts = bootstrap_truncated(rewards, gamma, terminated, truncated, final_v)
 
     # Without the off-policy correction every importance weight is 1: the targets are λ-returns
     # and the advantages GAE's, as if the stale data came from the current policy.
@@ -93,16 +93,18 @@ def compute_targets(engine, batch: Batch, cfg: Config, device) -> dict:
 
 
 # --------------------------------------------------------------------------------------- PPO
-def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device) -> dict:
+def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device, seed: int = 0) -> dict:
+    """`update_epochs` passes over the batch in `num_minibatches` shuffled minibatches (the order
+    from `seed`; each rank shuffles its own columns, only the number of passes must match)."""
     a = batch.arrays
     T, N = a["action_tokens"].shape[:2]
-    obs = {k: _flat(a[k][:T]) for k in OBS_KEYS if k in a}
+    obs = {k: _flat(a[k][:T]) for k in OBS_FIELDS if k in a}
     tokens = _flat(a["action_tokens"])
     flat = {k: targets[k].reshape(T * N, *targets[k].shape[2:])
             for k in ("behavior_logp", "old_values", "vs", "advantages", "rhos")}
     alg = cfg.algorithm
     sums, count, ratio_max = defaultdict(float), 0, 0.0
-    gen = torch.Generator().manual_seed(int(a["action_tokens"][0, 0, 0]) + N)   # same order on all ranks
+    gen = torch.Generator().manual_seed(seed)
     for _ in range(alg.update_epochs):
         order = torch.randperm(T * N, generator=gen).numpy()
         for mb in np.array_split(order, alg.num_minibatches):
@@ -115,16 +117,11 @@ def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device) -> dict
                 out = engine(*_inputs({k: v[idx] for k, v in obs.items()}, tokens[idx], device),
                              alg.logprob_type)
                 t_idx = torch.from_numpy(idx).to(device)
-                loss, stats = ppo_loss(
-                    new_logp=out.logprobs.float(), behavior_logp=flat["behavior_logp"][t_idx],
+                loss, stats = ppo_loss_from_config(
+                    alg, new_logp=out.logprobs.float(), behavior_logp=flat["behavior_logp"][t_idx],
                     advantages=flat["advantages"][t_idx], values=out.values.float(),
                     old_values=flat["old_values"][t_idx], value_targets=flat["vs"][t_idx],
-                    entropy=out.entropy.float(), rhos=flat["rhos"][t_idx], rho_bar=alg.rho_bar,
-                    ratio_clip_eps=alg.ratio_clip_eps, clip_ratio_c=alg.clip_ratio_c,
-                    entropy_bonus=alg.entropy_bonus, value_loss_coef=alg.value_loss_coef,
-                    value_loss_type=alg.value_loss_type, huber_delta=alg.huber_delta,
-                    value_clip=alg.value_clip, normalize_advantages=alg.normalize_advantages,
-                    advantage_scale=alg.advantage_scale, advantage_stats=adv_stats)
+                    entropy=out.entropy.float(), rhos=flat["rhos"][t_idx], advantage_stats=adv_stats)
                 # DeepSpeed divides by gradient_accumulation_steps (= len(micro)); re-weight uneven
                 # micro batches so the minibatch loss is the mean over its samples.
                 engine.backward(loss * (len(idx) * len(micro) / len(mb)))

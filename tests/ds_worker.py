@@ -6,7 +6,8 @@ WORLD_SIZE, ... in the environment, or with none of them for a lone rank).
 Phases: `train` (ZeRO-3 updates beside an un-sharded reference, gather, EMA, checkpoints),
 `resume` (a fresh run loads the newest checkpoint and takes the next update), `errors` (a single
 rank meets each kind of bad checkpoint), `policy` (a tiny VLAPolicy trained and checkpointed as
-the learner does it, for tests/test_eval_export.py). Each rank writes what it saw to
+the learner does it, for tests/test_eval_export.py), `update` (the learner's update and report
+beside hand computations, for tests/test_update.py). Each rank writes what it saw to
 OUT_DIR/<phase>_rank<r>.pt; the tests assert on those records.
 """
 
@@ -305,6 +306,134 @@ def phase_policy(out: Path, rank: int, world: int) -> dict:
             "partitioned": all(p.numel() == 0 for p in engine.module.parameters())}
 
 
+UPDATE_T, UPDATE_B, REPORTS = 3, 4, 200
+
+
+def update_batch(policy, cfg, rank: int):
+    """A batch as the ingest builds it, with valid action tokens and truncations to bootstrap."""
+    from asyncvla.common.protocol import Segment, SegmentSpec
+    from asyncvla.learner.ingest import ColumnBuffer
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # this script runs from tests/
+    from tests.test_protocol import make_segment
+
+    p = cfg.policy
+    spec = SegmentSpec(image_size=p.image_size, instruction_len=p.max_instruction_tokens,
+                       num_tokens=p.num_action_chunks * p.action_dim, num_action_chunks=p.num_action_chunks,
+                       num_steps=UPDATE_T)
+    seg = make_segment(spec, B=UPDATE_B, truncations=2, rng=np.random.default_rng(7 + rank))
+    a = dict(seg.arrays)
+    ids, mask = policy.tokenize(["move the white dot to the red square"])
+    a["instruction"] = np.broadcast_to(ids, a["instruction"].shape).copy()
+    a["instruction_mask"] = np.broadcast_to(mask, a["instruction_mask"].shape).copy()
+    a["final_instruction"] = np.broadcast_to(ids, a["final_instruction"].shape).copy()
+    a["final_instruction_mask"] = np.broadcast_to(mask, a["final_instruction_mask"].shape).copy()
+    a["action_tokens"] = a["action_tokens"] % p.n_bins + policy.action_tokenizer.first_id
+    a["behavior_logp"] = a["behavior_logp"] * 0.2 - 3.0
+    buffer = ColumnBuffer(max_policy_lag=1)
+    buffer.add(a, 0)
+    return buffer.take(UPDATE_B), Segment(meta=dict(seg.meta), arrays=a)
+
+
+def hand_targets(ref, batch, cfg) -> dict:
+    """V-trace targets by plain loops over (t, b) on an un-sharded copy of the policy."""
+    from asyncvla.common.policy import reduce_logprobs
+
+    a, alg = batch.arrays, cfg.algorithm
+    T, B = a["action_tokens"].shape[:2]
+    K, D, g = cfg.policy.num_action_chunks, cfg.policy.action_dim, alg.gamma
+
+    def evaluate(image, ids, mask, tokens):
+        with torch.no_grad():
+            o = ref.evaluate(image[None], ids[None], mask[None], None, tokens[None], alg.logprob_type)
+        return o.logprobs[0].double(), float(o.values[0])
+
+    V = np.zeros((T + 1, B))
+    log_rho = np.zeros((T, B))
+    for t in range(T + 1):
+        for b in range(B):
+            tok = a["action_tokens"][min(t, T - 1), b]
+            logp, V[t, b] = evaluate(a["image"][t, b], a["instruction"][t, b], a["instruction_mask"][t, b], tok)
+            if t < T:
+                mu = reduce_logprobs(torch.from_numpy(a["behavior_logp"][t, b][None]), alg.logprob_type, K, D)[0]
+                log_rho[t, b] = float((logp - mu.double()).sum())
+    r = a["rewards"].astype(np.float64).copy()
+    disc = np.full((T, B), g)
+    for t in range(T):
+        for b in range(B):
+            if a["terminated"][t, b] or a["truncated"][t, b]:
+                disc[t, b] = 0.0
+    for row, (t, b) in enumerate(batch.final_index):            # bootstrap from V(final obs)
+        _, v_final = evaluate(batch.finals["final_image"][row], batch.finals["final_instruction"][row],
+                              batch.finals["final_instruction_mask"][row], a["action_tokens"][t, b])
+        r[t, b] += g * v_final
+    vs = np.zeros((T + 1, B))
+    adv = np.zeros((T, B))
+    for b in range(B):
+        vs[T, b] = V[T, b]
+        for t in reversed(range(T)):
+            rho = np.exp(log_rho[t, b])
+            c = alg.vtrace_lambda * min(alg.c_bar, rho)
+            delta = min(alg.rho_bar, rho) * (r[t, b] + disc[t, b] * V[t + 1, b] - V[t, b])
+            vs[t, b] = V[t, b] + delta + disc[t, b] * c * (vs[t + 1, b] - V[t + 1, b])
+        for t in range(T):
+            adv[t, b] = min(alg.rho_bar, np.exp(log_rho[t, b])) * (r[t, b] + disc[t, b] * vs[t + 1, b] - V[t, b])
+    return {"vs": vs[:T], "advantages": adv, "values": V[:T]}
+
+
+def phase_update(out: Path, rank: int, world: int) -> dict:
+    """The learner's update on a ZeRO-3 engine beside an un-sharded copy: compute_targets against
+    hand-computed V-trace targets, ppo_epochs' statistics against the loss on the copy's outputs,
+    then the per-update report combined over ranks, REPORTS times."""
+    from asyncvla.common.config import load_config
+    from asyncvla.common.policy import VLAPolicy
+    from asyncvla.learner.loss import ppo_loss_from_config
+    from asyncvla.learner.metrics import Metrics
+    from asyncvla.learner.update import compute_targets, ppo_epochs
+
+    cfg = load_config(None, POLICY_OVERRIDES + ["learner.micro_batch_size=64", "algorithm.update_epochs=1",
+                                                "algorithm.num_minibatches=1", "algorithm.gamma=0.9",
+                                                "algorithm.vtrace_lambda=0.8", "algorithm.rho_bar=1.5"])
+    torch.manual_seed(cfg.actor.seed)
+    if rank == 0:
+        VLAPolicy.build(cfg.policy).save_pretrained(str(out / "policy_init"))
+    dist.barrier()
+    ref = VLAPolicy.from_pretrained(str(out / "policy_init"))
+    engine = ds_engine.build_engine(VLAPolicy.from_pretrained(str(out / "policy_init")), cfg, 1)
+    batch, segment = update_batch(ref, cfg, rank)
+    device = torch.device("cpu")
+
+    targets = compute_targets(engine, batch, cfg, device)
+    hand = hand_targets(ref, batch, cfg)
+    stats = ppo_epochs(engine, batch, targets, cfg, device, seed=3)
+    a = batch.arrays
+    T, B = a["action_tokens"].shape[:2]
+    flat = lambda x: x.reshape(T * B, *x.shape[2:])   # noqa: E731
+    with torch.no_grad():
+        o = ref.evaluate(flat(a["image"][:T]), flat(a["instruction"][:T]), flat(a["instruction_mask"][:T]),
+                         None, flat(a["action_tokens"]), cfg.algorithm.logprob_type)
+    adv = flat(targets["advantages"])
+    _, ref_stats = ppo_loss_from_config(
+        cfg.algorithm, new_logp=o.logprobs.float(), behavior_logp=flat(targets["behavior_logp"]),
+        advantages=adv, values=o.values.float(), old_values=flat(targets["old_values"]),
+        value_targets=flat(targets["vs"]), entropy=o.entropy.float(), rhos=flat(targets["rhos"]),
+        advantage_stats=(adv.mean(), adv.std(unbiased=False)))
+
+    metrics = Metrics(None, REPORTS, False)
+    sizes, reports = [], []
+    for i in range(REPORTS):
+        for _ in range(rank + 1):                     # rank r receives r+1 segments per update
+            metrics.add_segment(segment, lag=rank + 1)
+        reports.append(metrics.report(i + 1, {"train/actor/policy_loss": float(rank), "train/actor/ratio_max": rank + 2.0},
+                                      {"stale": rank, "future_version": 0, "invalid": 1}, samples=10,
+                                      time_up=(rank == 1 and i == REPORTS - 1)))
+        sizes.append(len(metrics.actors) + sum(1 for _ in metrics.counts) + len(vars(metrics)))
+    return {"targets": {k: targets[k].numpy() for k in ("vs", "advantages", "old_values")}, "hand": hand,
+            "stats": stats, "ref_stats": ref_stats, "reports": [reports[0], reports[-1]], "sizes": sizes,
+            "segment_episodes": len(segment.arrays["ep_return"]),
+            "segment_success": float(segment.arrays["ep_success"].sum()),
+            "segment_env_steps": int(segment.meta["env_steps"])}
+
+
 def pg_timeout():
     """The default process group's collective time-out (a torch internal: None if it moved)."""
     try:
@@ -322,7 +451,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     t_init = time.perf_counter() - t0
     rec = {"train": phase_train, "resume": phase_resume, "errors": phase_errors,
-           "policy": phase_policy}[phase](out, rank, world)
+           "policy": phase_policy, "update": phase_update}[phase](out, rank, world)
     rec.update(world=world, init_s=t_init, phase_s=time.perf_counter() - t0)
     torch.save(rec, out / f"rank{rank}.pt")
     ds_engine.close_distributed()

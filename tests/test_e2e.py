@@ -68,3 +68,24 @@ def test_train_stops_when_every_local_actor_has_failed(tmp_path):
     assert "actor 0 exited with 1; restart 1/1" in r.stderr
     assert "giving up on it (launch.max_actor_restarts=1)" in r.stderr
     assert "every local actor has failed; stopping the run" in r.stderr
+
+
+def test_resume_from_the_checkpoints_folder_with_periodic_eval_ends_by_itself(tmp_path):
+    """`--resume RUN/checkpoints` keeps RUN as the run directory for every process: the launcher's
+    files, the learner's checkpoints and the evaluator's results all land in RUN, and the run ends."""
+    small = ["learner.batch_trajectories=4", "learner.micro_batch_size=16", "actor.num_envs=4",
+             "actor.rollout_length=4", "launch.num_local_actors=1", "algorithm.num_minibatches=1",
+             "checkpoint.save_interval=1"]
+    first = train_pixel_task(tmp_path, "res", small + ["learner.max_steps=2", "eval.eval_interval=0"], timeout=300)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    run = tmp_path / "res"
+    again = train_pixel_task(tmp_path, "ignored", small + [
+        "learner.max_steps=4", "eval.eval_interval=2", "eval.num_episodes=2",
+        "--resume", str(run / "checkpoints")], timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert not (tmp_path / "ignored").exists() and not (run / "checkpoints" / "launch_config.yaml").exists()
+    assert "checkpoint:\n" in (run / "launch_config.yaml").read_text()
+    for step in (2, 4):        # from the weights the resumed learner published, with their steps
+        summary = json.loads((run / "eval" / f"step_{step:08d}" / "summary.json").read_text())
+        assert summary["step"] == step
+    assert (run / "checkpoints" / "step_00000004" / "COMPLETE.json").exists()

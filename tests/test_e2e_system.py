@@ -5,6 +5,7 @@
   holds), and standalone actors that keep running rejoin by themselves;
 * a standalone `asyncvla actor` started mid-run joins, contributes segments (visible in the
   metrics) and leaves without disturbing the learner;
+* a standalone actor joining a 2-rank learner uses the rollout plan the learner sends;
 * two ZeRO-3 learner ranks in --sync mode: with rollout_ema_decay=0 the published tensors equal
   the full tensors consolidated from the sharded checkpoint, and the policy lag is 0.
 """
@@ -177,6 +178,30 @@ def test_kill9_resume_and_standalone_actors(tmp_path):
     assert max(scalars(run, "system/actors_contributing").values()) >= 2
     assert latest_complete(run) == end
     assert "rejoined" in (tmp_path / "actor1.log").read_text().lower()
+
+
+def test_standalone_actor_takes_its_rollout_plan_from_a_two_rank_learner(tmp_path):
+    """The learner works out each actor's share from its ranks, batch and the actor's own envs,
+    and sends it in the welcome; the actor derives nothing from the learner's launch settings."""
+    from asyncvla.learner.ingest import rollout_plan
+    overrides = small_run(tmp_path, "plan", "learner.max_steps=3", "learner.batch_trajectories=8",
+                          "launch.num_local_actors=0", "launch.num_learner_ranks=2", "eval.eval_interval=0")
+    cfg = load_config(str(REPO / "configs/pixel_task.yaml"), overrides)
+    run = tmp_path / "plan"
+    run.mkdir()
+    (run / "launch_config.yaml").write_text(to_yaml(cfg))
+    learner = start(learner_command(cfg, run / "launch_config.yaml"), tmp_path / "learner.log")
+    actor = start(actor_cmd(cfg, "standalone"), tmp_path / "actor.log")      # 2 envs, not the config's 4
+    try:
+        assert learner.wait(timeout=300) == 0, (tmp_path / "learner.log").read_text()[-3000:]
+        assert actor.wait(timeout=60) == 0, (tmp_path / "actor.log").read_text()[-3000:]
+    finally:
+        stop(learner, actor)
+    plan = rollout_plan(cfg, 2, 2)
+    assert plan == {"segments_per_version": 4, "max_segments_in_flight": 4}   # 2 ranks x 4 columns / 2 envs
+    assert (f"{plan['segments_per_version']} segments per version, at most "
+            f"{plan['max_segments_in_flight']} in flight") in (tmp_path / "actor.log").read_text()
+    assert max(scalars(run, "rollout/version").values()) == 3
 
 
 def test_two_ranks_sync_publish_equals_consolidated_checkpoint(tmp_path):

@@ -269,18 +269,18 @@ def test_weights_rejections():
     with pytest.raises(ValidationError, match="bad_meta"):
         P.decode_weights([msgpack.packb(bad_version), good[1]], limits)
     with pytest.raises(ValidationError, match="wrong_type"):
-        P.decode_weights(P.encode_control("hello", {"actor_id": "a", "host": "h", "pid": 1}), limits)
+        P.decode_weights(P.encode_control("hello", {"actor_id": "a", "host": "h", "pid": 1, "num_envs": 0}), limits)
     with pytest.raises(ValueError, match="version"):
         P.encode_weights(-1, {})
 
 
 def test_control_meta_is_checked():
     limits = Limits.for_kind("request", 1)
-    ok = P.encode_control("hello", {"actor_id": "a", "host": "h", "pid": 3})
+    ok = P.encode_control("hello", {"actor_id": "a", "host": "h", "pid": 3, "num_envs": 2})
     assert P.decode_control(ok, limits, "hello").meta["pid"] == 3
-    for meta in ({"actor_id": "a", "host": "h"}, {"actor_id": "a", "host": "h", "pid": True},
-                 {"actor_id": "a", "host": "h", "pid": 3, "extra": 1}, {"actor_id": 5, "host": "h", "pid": 3},
-                 {"actor_id": "a" * 300, "host": "h", "pid": 3}):
+    good = {"actor_id": "a", "host": "h", "pid": 3, "num_envs": 2}
+    for meta in ({"actor_id": "a", "host": "h", "num_envs": 2}, dict(good, pid=True), dict(good, extra=1),
+                 dict(good, actor_id=5), dict(good, actor_id="a" * 300), dict(good, num_envs="2")):
         with pytest.raises(ValidationError, match="bad_meta"):
             P.decode_control(P.encode("hello", meta), limits, "hello")
     with pytest.raises(ValidationError, match="wrong_type"):

@@ -32,7 +32,8 @@ def tcfg(**kw) -> TransportConfig:
 def welcome_fn_for(endpoints, weights="tcp://127.0.0.1:1"):
     def welcome(hello):
         return {"config": {"transport": {"keys_dir": "/learner/only"}}, "trajectory_endpoints": endpoints,
-                "weights_endpoint": weights, "weight_version": 0, "policy": {"path": "/not/here"}}
+                "weights_endpoint": weights, "weight_version": 0, "policy": {"path": "/not/here"},
+                "rollout": {"segments_per_version": 1 + hello["num_envs"]}}
     return welcome
 
 
@@ -75,13 +76,14 @@ def test_join_welcome_policy_files_bye_and_shutdown(tmp_path):
     # and a loaded CI machine must not make the client think the learner is gone.
     server = transport.ControlServer(tcfg(heartbeat_timeout_s=6.0), welcome_fn_for(["tcp://127.0.0.1:2"]), policy_dir=str(tmp_path),
                                      endpoint="tcp://127.0.0.1:*")
-    a = transport.LearnerClient(server.endpoint, "a", tcfg())
+    a = transport.LearnerClient(server.endpoint, "a", tcfg(), num_envs=2)
     b = transport.LearnerClient(server.endpoint, "b", tcfg(keys_dir=None))
     try:
         welcome = a.join(timeout=10)
+        assert welcome["rollout"] == {"segments_per_version": 3}           # built from the hello
         assert welcome["trajectory_endpoints"] == ["tcp://127.0.0.1:2"]
         assert welcome["heartbeat_timeout_s"] == 6.0                     # the learner's setting
-        assert welcome["config"]["transport"]["keys_dir"] is None       # the actor's own keys
+        assert welcome["config"]["transport"]["keys_dir"] == "/learner/only"   # passed on untouched
         files = a.fetch_policy_files(timeout=10)
         assert files == {"policy.json": b'{"k": 1}',
                          "sub/weights.bin": (tmp_path / "sub" / "weights.bin").read_bytes()}
@@ -253,7 +255,7 @@ def test_curve_refuses_unknown_clients_and_admits_known_ones(tmp_path):
         bundle = str(keys / "clients" / "client_000")
         clients.append(transport.LearnerClient(server.endpoint, "good", tcfg(keys_dir=bundle)))
         welcome = clients[-1].join(timeout=10)
-        assert welcome is not None and welcome["config"]["transport"]["keys_dir"] == bundle
+        assert welcome is not None                                        # a known client joins
         sender = transport.TrajectorySender(welcome["trajectory_endpoints"], tcfg(keys_dir=bundle))
         seg = make_segment(SPEC, B=2, seq=5)
         sender.send(seg)

@@ -27,7 +27,6 @@ OUT/learning/ARM (or all of OUT/learning/) to train it anew.
 from __future__ import annotations
 
 import csv
-import json
 import subprocess
 import sys
 import shutil

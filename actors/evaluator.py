@@ -1,0 +1,83 @@
+"""Periodic evaluation beside training: an actor-side process that follows the published weights.
+
+    python -m asyncvla.actors.evaluator --learner tcp://HOST:PORT --run-dir RUN   (started by `asyncvla train`)
+
+It joins the learner as an actor does (actors/join.py: config, policy and weights from the
+welcome) but sends no trajectories. It evaluates the published (EMA) policy whenever the
+learner's step — which the weight server sends with each version — passes a multiple of
+`eval.eval_interval`, and once more on the last weights when training ends (by any budget).
+Summaries and videos go to RUN/eval/step_N/; eval/success_rate, eval/return, eval/length to
+tensorboard in RUN/tb. Running it as its own process keeps env rollouts out of the learner's loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from asyncvla.actors.evaluate import format_summary, periodic_eval
+from asyncvla.actors.join import join
+from asyncvla.common.config import TransportConfig
+from asyncvla.common.signals import stop_on_signals
+
+log = logging.getLogger("asyncvla.evaluator")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="asyncvla.actors.evaluator", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--learner", required=True, metavar="tcp://HOST:PORT", help="the learner's control endpoint")
+    p.add_argument("--run-dir", required=True, help="where eval/ and tb/ go (the run directory)")
+    p.add_argument("--keys-dir", help="CURVE keys made by `asyncvla keygen` (client side)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s evaluator %(levelname)s %(message)s")
+    return run(args.learner, Path(args.run_dir), TransportConfig(keys_dir=args.keys_dir))
+
+
+def run(learner: str, run_dir: Path, tcfg) -> int:
+    from torch.utils.tensorboard import SummaryWriter
+
+    stop = stop_on_signals()
+    torch.set_num_threads(1)
+    joined = join(learner, f"evaluator-{socket.gethostname()}-{os.getpid()}", tcfg, stop)
+    if joined is None:
+        return 0
+    cfg, policy, weights = joined.cfg, joined.policy, joined.weights
+    interval, last_step = cfg.eval.eval_interval, cfg.learner.max_steps
+    writer = SummaryWriter(str(run_dir / "tb"))
+    next_step, version, latest = interval, -1, None     # latest: (step, tensors) not yet evaluated
+    try:
+        while not stop.is_set():
+            got = weights.wait_newer(version, timeout=1.0)
+            if got is not None:
+                version, tensors = got
+                latest = (weights.step, tensors)          # the learner sends each version's step
+            finished = joined.client.finished
+            if latest is not None and (latest[0] >= min(next_step, last_step) or finished):
+                step, tensors = latest
+                latest = None
+                policy.load_trainable_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()})
+                t0 = time.perf_counter()
+                summary = periodic_eval(policy, cfg, step, run_dir, writer)
+                log.info("step %d (version %d), %.1f s: %s", step, version, time.perf_counter() - t0,
+                         format_summary(summary).replace("\n", "; "))
+                if step >= last_step:
+                    break
+                next_step = (step // interval + 1) * interval
+            if finished and latest is None:
+                break
+    finally:
+        writer.close()
+        joined.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

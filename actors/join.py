@@ -1,0 +1,72 @@
+"""Joining a learner: what an actor and an evaluator both do before their own loop.
+
+    joined = join(endpoint, actor_id, tcfg, stop)   # hello -> welcome, policy, weight subscriber
+    joined.cfg, joined.policy, joined.weights, joined.welcome["rollout"], ...
+    joined.close()                                   # bye, sockets closed
+
+The welcome carries the learner's config (this node keeps its own envs, device and keys), the
+policy directory (read from the learner's path when this node sees it, else its files fetched
+once) and the weights endpoint.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from asyncvla.common import transport
+from asyncvla.common.config import Config, from_dict
+from asyncvla.common.policy import VLAPolicy
+
+
+@dataclass
+class Joined:
+    client: transport.LearnerClient
+    welcome: dict
+    cfg: Config
+    policy: VLAPolicy
+    weights: transport.WeightSubscriber
+
+    def close(self) -> None:
+        self.weights.close()
+        self.client.close()
+
+
+def join(learner: str, actor_id: str, tcfg, stop, num_envs: int | None = None,
+         device: str | None = None) -> Joined | None:
+    """Join the learner at `learner` (its control endpoint); None if `stop` or the end of
+    training came first."""
+    client = transport.LearnerClient(learner, actor_id, tcfg, num_envs=num_envs or 0)
+    welcome = client.join(stop=stop)
+    if welcome is None:
+        client.close()
+        return None
+    cfg: Config = from_dict(welcome["config"])
+    # This node's settings over the learner's: envs, device, and keys (a property of the node).
+    cfg.actor.num_envs = num_envs or cfg.actor.num_envs
+    cfg.actor.device = device or cfg.actor.device
+    cfg.transport.keys_dir = tcfg.keys_dir
+    policy_dir, tmp = _policy_dir(welcome["policy"], client)
+    try:
+        policy = VLAPolicy.from_pretrained(policy_dir, device=cfg.actor.device)
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    weights = transport.WeightSubscriber(welcome["weights_endpoint"], cfg.transport)
+    return Joined(client, welcome, cfg, policy, weights)
+
+
+def _policy_dir(spec: dict, client) -> tuple[str, str | None]:
+    """The policy directory: the learner's path if readable here, else its files fetched once
+    (returned with the temporary folder to delete once loaded)."""
+    path = spec.get("path")
+    if path and (Path(path) / "policy.json").exists():
+        return path, None
+    tmp = tempfile.mkdtemp(prefix="asyncvla-policy-")
+    for rel, data in client.fetch_policy_files().items():
+        target = Path(tmp) / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    return tmp, tmp

@@ -1,0 +1,94 @@
+"""The learner's inbox on real ZeroMQ sockets (loopback): the lag rule holds for every column an
+update takes, including columns left over in the buffer while the learner moved on; drops are
+counted by reason. And the rollout plan the learner sends each actor in its welcome."""
+
+import threading
+
+import pytest
+
+from asyncvla.common import transport
+from asyncvla.common.config import Config, TransportConfig
+from asyncvla.learner.ingest import ColumnBuffer, Inbox, rollout_plan
+from tests.test_protocol import make_segment, make_spec
+
+SPEC = make_spec(T=2, B=4, H=8, L=4, K=2, D=2)
+
+
+@pytest.fixture
+def link():
+    cfg = TransportConfig(linger_ms=200)
+    receiver = transport.TrajectoryReceiver(cfg, 0, SPEC, endpoint="tcp://127.0.0.1:*")
+    sender = transport.TrajectorySender([receiver.endpoint], cfg)
+    yield receiver, sender
+    sender.close()
+    receiver.close()
+
+
+def send(sender, version: int, seq: int, actor: str = "a"):
+    seg = make_segment(SPEC, B=4, seq=seq, actor_id=actor)
+    seg.meta["policy_version"] = version
+    assert sender.send(seg)
+
+
+def test_columns_older_than_the_lag_never_reach_an_update(link):
+    receiver, sender = link
+    seen = []
+    inbox = Inbox(receiver, max_policy_lag=1, on_segment=lambda seg, lag: seen.append(lag))
+    stop = threading.Event()
+
+    send(sender, version=0, seq=0)
+    assert inbox.fill(2, version=0, stop=stop)
+    assert list(inbox.take(2).versions) == [0, 0]          # 2 columns of version 0 stay buffered
+
+    # The learner is at version 2 now: the 2 left-over columns are stale, and so is a segment
+    # that arrives late from version 0. Only version-2 columns may be taken.
+    send(sender, version=0, seq=1)
+    send(sender, version=2, seq=2)
+    send(sender, version=3, seq=3)                         # made by weights this learner never had
+    send(sender, version=2, seq=4)
+    assert inbox.fill(6, version=2, stop=stop)
+    batch = inbox.take(6)
+    assert list(batch.versions) == [2] * 6
+    assert inbox.drops == {"stale": 2, "future_version": 1, "invalid": 0}
+    assert seen == [0, 0, 0]                               # the used segments, with their lags
+
+
+def test_drop_stale_checks_the_whole_queue():
+    """Actors run different versions: a stale segment may sit behind a fresh one."""
+    buf = ColumnBuffer(max_policy_lag=2)
+    arrays = make_segment(SPEC, B=4).arrays
+    for version in (5, 1, 4, 2):
+        buf.add(arrays, version)
+    buf.drop_stale(current_version=5)
+    assert buf.columns == 8 and buf.dropped["stale"] == 2
+    assert sorted(set(buf.take(8).versions)) == [4, 5]
+
+
+def test_fill_returns_false_on_stop(link):
+    receiver, _ = link
+    stop = threading.Event()
+    stop.set()
+    assert not Inbox(receiver, max_policy_lag=1).fill(1, version=0, stop=stop)
+
+
+@pytest.mark.parametrize("ranks,local_actors,envs,batch,expect", [
+    (1, 2, 8, 16, 1),      # two local actors of 8 envs fill a batch of 16 with one segment each
+    (2, 2, 4, 16, 2),      # 2 ranks x 8 columns: one segment per rank from each actor
+    (2, 0, 2, 16, 8),      # a standalone actor alone: a whole batch, 4 segments per rank
+    (2, 2, 3, 16, 4),      # uneven: ceil(8 / 6) = 2 per rank
+])
+def test_rollout_plan_gives_each_actor_its_share(ranks, local_actors, envs, batch, expect):
+    cfg = Config()
+    cfg.launch.num_local_actors, cfg.learner.batch_trajectories = local_actors, batch
+    plan = rollout_plan(cfg, ranks, envs)
+    assert plan == {"segments_per_version": expect, "max_segments_in_flight": expect}
+    # enough segments in flight from the expected actors to fill every rank's share
+    assert plan["segments_per_version"] * max(1, local_actors) * envs >= batch
+
+
+def test_rollout_plan_in_flight_setting_and_drop_oldest():
+    cfg = Config()
+    cfg.actor.max_segments_in_flight = 5
+    assert rollout_plan(cfg, 1, 8)["max_segments_in_flight"] == 5
+    cfg.actor.backpressure = "drop_oldest"
+    assert rollout_plan(cfg, 1, 8)["max_segments_in_flight"] == 0         # never waits

@@ -1,0 +1,56 @@
+"""The learner's update and its per-update report, on 2 ZeRO-3 ranks (gloo on CPU) beside
+hand computations (tests/ds_worker.py `update`):
+
+* compute_targets: V-trace targets and advantages equal plain loops over (t, b) on an un-sharded
+  copy of the policy, truncated steps bootstrapped from V(final observation);
+* ppo_epochs: one pass, one minibatch — its loss statistics equal the loss of the copy's outputs;
+* the report: every rank's episodes, lags, drops and losses count (sums, maxima, means over
+  ranks), every rank gets the same combined figures, and no rank's metric state grows.
+"""
+
+import numpy as np
+import pytest
+
+from tests.test_engine import launch
+from tests import ds_worker as W
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return launch("update", tmp_path_factory.mktemp("update"), 2, timeout=300)
+
+
+def test_targets_equal_a_hand_computed_vtrace(ranks):
+    for r in ranks:
+        t, hand = r["targets"], r["hand"]
+        np.testing.assert_allclose(t["old_values"], hand["values"], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(t["vs"], hand["vs"], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(t["advantages"], hand["advantages"], rtol=1e-4, atol=1e-5)
+        assert np.abs(hand["advantages"]).max() > 1e-3          # not a trivially zero case
+
+
+def test_ppo_epoch_statistics_equal_the_loss_on_the_unsharded_copy(ranks):
+    for r in ranks:
+        for k in ("policy_loss", "value_loss", "entropy", "explained_variance", "clip_fraction"):
+            assert r["stats"][k] == pytest.approx(r["ref_stats"][k], rel=1e-4, abs=1e-5), k
+        assert np.isfinite(r["stats"]["grad_norm"])
+
+
+def test_report_combines_every_rank_and_holds_no_growing_state(ranks):
+    def combined(report):                          # all but the local clock's rates
+        return {k: v for k, v in report.items() if not k.startswith("time/")}
+    first, last = ranks[0]["reports"], ranks[1]["reports"]
+    assert [combined(x) for x in first] == [combined(x) for x in last]   # every rank: the same figures
+    rep = last[-1]
+    seg = ranks[0]
+    # rank 0 received 1 segment with lag 1 per update, rank 1 two with lag 2
+    assert rep["rollout/policy_lag_mean"] == pytest.approx((1 * 1 + 2 * 2) / 3)
+    assert rep["rollout/policy_lag_max"] == 2
+    assert rep["env/episode_success"] == pytest.approx(seg["segment_success"] / seg["segment_episodes"])
+    assert rep["rollout/env_steps"] == W.REPORTS * 3 * seg["segment_env_steps"]
+    assert rep["train/actor/policy_loss"] == pytest.approx(0.5)          # the mean of 0 and 1
+    assert rep["train/actor/ratio_max"] == 3.0                           # the larger
+    assert rep["system/dropped_stale"] == 1 and rep["system/dropped_invalid"] == 2
+    assert last[0]["time_up"] == 0 and rep["time_up"] == 1               # rank 1's budget stops both
+    for r in ranks:
+        assert len(set(r["sizes"])) == 1, r["sizes"][:5]                 # flat over 200 updates
