@@ -247,7 +247,8 @@ class CollectConfig:
     action_noise: float = opt(0.3, "probability that a step executes a random action instead of the "
                               "demonstrator's (whose action stays the label): demos then cover states "
                               "off the demonstrator's path", ge=0.0, le=1.0)
-    num_envs: int = opt(16, "envs stepped together while collecting", ge=1)
+    num_envs: int = opt(16, "envs stepped together while collecting (the pixel task's oracle)", ge=1)
+    num_procs: int = opt(2, "worker processes planning and converting ManiSkill demonstrations", ge=1)
     seed: int = opt(7, "base seed of the demonstration episodes (apart from training's and "
                     "evaluation's)", ge=0)
 

@@ -1,8 +1,11 @@
 """`asyncvla collect CONFIG --episodes N --out DIR`: record demonstrations for supervised fine-tuning.
 
-A scripted demonstrator acts in `env.id` (PixelReach-v0: the oracle that heads straight for the
-target), with `collect.action_noise` of its steps replaced by random actions while its own action
-stays the label. Only successful episodes are kept. The output is ManiSkill's trajectory format,
+PixelReach-v0: the scripted oracle (heads straight for the target), with `collect.action_noise`
+of its steps replaced by random actions while its own action stays the label.
+ManiSkill tasks: ManiSkill's own motion-planning solutions (PushCube-v1, PickCube-v1, ...), in
+collect.num_procs processes, converted to env.control_mode with RGB by ManiSkill's replay tool,
+which keeps only episodes that replay to success (actors/motion_planning.py; the raw plans stay
+in DIR/raw). Only successful episodes are kept. The output is ManiSkill's trajectory format,
 DIR/trajectory.h5 + DIR/trajectory.json, with images at the policy's size (policy.image_size), the
 instruction of each episode and its seed; `asyncvla sft CONFIG sft.data=DIR` reads it.
 """
@@ -38,7 +41,8 @@ def run(args) -> int:
     except (ConfigError, ValueError) as e:
         print(f"asyncvla collect: {e}", file=sys.stderr)
         return 2
-    print(f"asyncvla collect: {stats['attempted']} episodes attempted, {stats['solved']} solved, "
+    converted = f"{stats['converted']} replayed to success in {cfg.env.control_mode}, " if "converted" in stats else ""
+    print(f"asyncvla collect: {stats['attempted']} episodes attempted, {stats['solved']} solved, {converted}"
           f"{stats['kept']} kept ({stats['steps']} steps) -> {args.out}")
     return 0
 
@@ -47,13 +51,26 @@ def collect(cfg, out_dir) -> dict:
     """Record cfg.collect.num_episodes demonstrations into out_dir; returns the counts."""
     from tqdm import tqdm
 
+    from pathlib import Path
+
     from asyncvla.actors.collect import collect_demos, env_info
+    from asyncvla.actors.envs import PIXEL_REACH_ID
     from asyncvla.common.demos import write_demos
 
     c = cfg.collect
-    with tqdm(total=c.num_episodes, desc="collect", unit="episode", dynamic_ncols=True) as bar:
-        episodes, stats = collect_demos(cfg, c.num_episodes, c.action_noise, c.seed, c.num_envs,
-                                        progress=bar.update)
-    write_demos(out_dir, episodes, env_info(cfg), camera=cfg.env.camera, source_type="scripted",
-                source_desc=f"scripted demonstrator of {cfg.env.id}, action_noise={c.action_noise}")
+    if cfg.env.id == PIXEL_REACH_ID:
+        with tqdm(total=c.num_episodes, desc="collect", unit="episode", dynamic_ncols=True) as bar:
+            episodes, stats = collect_demos(cfg, c.num_episodes, c.action_noise, c.seed, c.num_envs,
+                                            progress=bar.update)
+        source = ("scripted", f"scripted demonstrator of {cfg.env.id}, action_noise={c.action_noise}")
+    else:
+        from asyncvla.actors.motion_planning import check_task, collect_motion_planning
+        check_task(cfg.env.id)
+        with tqdm(total=c.num_episodes, desc="motion plans", unit="episode", dynamic_ncols=True) as bar:
+            episodes, stats = collect_motion_planning(cfg, c.num_episodes, Path(out_dir) / "raw", c.seed,
+                                                      c.num_procs, progress=bar.update)
+        source = ("motionplanning", f"ManiSkill's motion-planning solution of {cfg.env.id}, converted to "
+                                    f"{cfg.env.control_mode} by mani_skill.trajectory.replay_trajectory")
+    write_demos(out_dir, episodes, env_info(cfg), camera=cfg.env.camera, source_type=source[0],
+                source_desc=source[1])
     return stats
