@@ -306,6 +306,20 @@ class Config:
 
 
 # ------------------------------------------------------------------------------- load & check
+# Keys older versions wrote that no longer exist; configs saved with them (run directories,
+# checkpoints) still load, the key dropped.
+RETIRED_KEYS = ("logging.log_interval_s",)
+
+
+def _drop_retired(src):
+    for key in RETIRED_KEYS:
+        section, name = key.split(".")
+        if isinstance(src, (dict, DictConfig)) and isinstance(src.get(section), (dict, DictConfig)) \
+                and name in src[section]:
+            src[section].pop(name)
+    return src
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Config:
     """Schema defaults <- YAML file <- dotted overrides, validated. Returns a typed `Config`."""
     cfg = OmegaConf.structured(Config)
@@ -314,7 +328,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
         if not os.path.isfile(path):
             raise ConfigError(f"config file '{path}' does not exist")
         try:
-            sources.append((str(path), OmegaConf.load(path)))
+            sources.append((str(path), _drop_retired(OmegaConf.load(path))))
         except Exception as e:  # YAML syntax errors
             raise ConfigError(f"config file '{path}' is not valid YAML: {e}") from None
     for item in overrides:
@@ -412,7 +426,7 @@ def to_dict(config: Config) -> dict:
 def from_dict(data: dict) -> Config:
     """Inverse of `to_dict`, validated (used by actors that receive their config from the learner)."""
     try:
-        cfg = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(data))
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), _drop_retired(OmegaConf.create(data)))
     except OmegaConfBaseException as e:
         raise ConfigError(_explain(e, "received config")) from None
     config: Config = OmegaConf.to_object(cfg)  # type: ignore[assignment]

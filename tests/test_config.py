@@ -66,6 +66,16 @@ def test_dict_round_trip_is_validated():
     assert "PixelReach-v0" in to_yaml(cfg)
 
 
+def test_configs_saved_with_retired_keys_still_load(tmp_path):
+    """Run directories and checkpoints of older versions hold keys that are gone (RETIRED_KEYS)."""
+    old = to_dict(load_config(None))
+    old["logging"]["log_interval_s"] = 5.0
+    assert from_dict(old) == load_config(None)
+    assert load_config(write(tmp_path, "logging:\n  log_interval_s: 5.0\n")) == load_config(None)
+    with pytest.raises(ConfigError, match="logging.log_every"):          # an unknown key still is an error
+        load_config(write(tmp_path, "logging:\n  log_every: 5.0\n"))
+
+
 def test_every_field_is_documented():
     text = describe()
     for line in text.splitlines()[1::2]:
