@@ -75,9 +75,14 @@ def _plan(env_id: str, n: int, work: Path, seed: int, num_procs: int, progress) 
     try:
         while solved < n:
             try:
-                ok = results.get(timeout=600)
+                ok = results.get(timeout=1.0)
             except queue.Empty:
-                raise RuntimeError(f"the motion-planning workers of {env_id} gave no result in 10 minutes")
+                dead = [(i, p.exitcode) for i, p in enumerate(procs) if not p.is_alive()]
+                if len(dead) == len(procs):       # all gone without a word: killed or crashed
+                    raise RuntimeError(f"the motion-planning workers of {env_id} died (exit codes "
+                                       f"{[code for _, code in dead]}); a negative code is the signal "
+                                       "that ended them") from None
+                continue
             if isinstance(ok, str):                     # a worker's traceback
                 raise RuntimeError(f"motion planning of {env_id} failed:\n{ok}")
             attempted += 1
