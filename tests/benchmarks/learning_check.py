@@ -17,7 +17,7 @@ import pytest
 
 from tests.benchmarks.workload import free_ports
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # Budgets chosen from measurements (2 cores). SFT of 150-300 steps gives 28-36 % sampled success.
 # Asynchronous RL starts slowly (the critic first adapts from the demonstrator's returns to the
