@@ -92,7 +92,11 @@ class PolicyConfig:
     image_size: int = opt(64, "square image side the policy sees; envs resize to it", ge=16, le=1024)
     action_dim: int = opt(7, "action dimensions D per env step (must match the env)", ge=1)
     num_action_chunks: int = opt(4, "env steps K per policy action (action chunk)", ge=1)
-    n_bins: int = opt(256, "uniform bins over [-1, 1] per action dimension", ge=2)
+    n_bins: int = opt(256, "uniform bins over [action_low, action_high] per action dimension", ge=2)
+    action_low: List[float] = opt([-1.0], "lower end of the binned action range, per dimension (one "
+                                  "value: every dimension); `asyncvla sft` with sft.action_range=q99 "
+                                  "sets it from the demos, and a saved policy keeps its own")
+    action_high: List[float] = opt([1.0], "upper end of the binned action range (see action_low)")
     max_instruction_tokens: int = opt(32, "instructions are padded/limited to this many tokens", ge=1)
     is_lora: bool = opt(True, "train LoRA adapters (+ value head) instead of every weight")
     lora_rank: int = opt(32, "LoRA rank", ge=1)
@@ -264,6 +268,11 @@ class SFTConfig:
     batch_size: int = opt(64, "samples per optimizer step (all ranks)", ge=1)
     lr: float = opt(1e-3, "learning rate of the policy", gt=0.0)
     value_lr: float = opt(1e-3, "learning rate of the value head (critic warm-up)", gt=0.0)
+    action_range: str = opt("config", "binned range of each action dim of a new policy: config "
+                            "(policy.action_low / action_high) or q99 (the demos' 1st-99th "
+                            "percentiles, as OpenVLA normalises; saved with the policy). A policy "
+                            "continued from policy.pretrained_path keeps its own",
+                            choices=["config", "q99"])
     value_loss_coef: float = opt(0.5, "weight of the critic's regression onto the demos' discounted "
                                  "returns (0: no critic warm-up)", ge=0.0)
     val_fraction: float = opt(0.1, "share of the episodes held out for validation loss and token "
@@ -352,8 +361,22 @@ def validate(config: Config) -> None:
     problems = []
     for key, value, meta in _walk(config):
         problems += _check_field(key, value, meta)
+    problems += _check_action_range(config.policy)
     if problems:
         raise ConfigError("\n".join(problems))
+
+
+def _check_action_range(p: "PolicyConfig") -> list[str]:
+    low, high = list(p.action_low), list(p.action_high)
+    for key, v in (("action_low", low), ("action_high", high)):
+        if len(v) not in (1, p.action_dim):
+            return [f"policy.{key}={v} must have 1 value or policy.action_dim={p.action_dim} values"]
+        if not all(-1.0 <= x <= 1.0 for x in v):
+            return [f"policy.{key}={v} must lie in the env's action range [-1, 1]"]
+    if len(low) != len(high) or not all(lo < hi for lo, hi in zip(low, high)):
+        return [f"policy.action_low={low} and policy.action_high={high} must have the same length and "
+                "low < high in every dimension"]
+    return []
 
 
 def _walk(obj, prefix=""):

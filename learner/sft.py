@@ -16,6 +16,7 @@ At the end the policy goes to RUN/sft/policy (`save_pretrained`), which `policy.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -32,7 +33,7 @@ from asyncvla.common.policy import VLAPolicy
 from asyncvla.common.rundir import run_dir
 from asyncvla.learner import checkpoint, engine as ds_engine
 from asyncvla.learner.publish import gather_trainable
-from asyncvla.learner.sft_data import SFTSamples, build_samples, split_by_episode
+from asyncvla.learner.sft_data import SFTSamples, action_range_q99, build_samples, split_by_episode
 
 log = logging.getLogger("asyncvla.sft")
 
@@ -89,7 +90,12 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
     torch.manual_seed(sc.seed)
     init_dir = out / "policy_init"
     if rank == 0 and not (init_dir / "policy.json").exists():
-        VLAPolicy.build(cfg.policy).save_pretrained(init_dir)
+        policy_cfg = cfg.policy
+        if sc.action_range == "q99":     # a saved policy (policy.pretrained_path) keeps its own range
+            low, high = action_range_q99(np.concatenate([e.actions for e in episodes]))
+            policy_cfg = dataclasses.replace(policy_cfg, action_low=low, action_high=high)
+            log.info("action range from the demos (q01 .. q99): low %s high %s", low, high)
+        VLAPolicy.build(policy_cfg).save_pretrained(init_dir)
     dist.barrier()
     policy = VLAPolicy.from_pretrained(init_dir)
     engine_cfg = _engine_config(cfg)
@@ -154,7 +160,6 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
 # ----------------------------------------------------------------------------------- helpers
 def _engine_config(cfg: Config) -> Config:
     """The RL engine's config with SFT's learning rates (no warm-up)."""
-    import dataclasses
     learner = dataclasses.replace(cfg.learner, lr=cfg.sft.lr, value_lr=cfg.sft.value_lr, lr_warmup_steps=0)
     return dataclasses.replace(cfg, learner=learner)
 

@@ -37,6 +37,17 @@ class SFTSamples:
                           self.returns[index], self.episode[index])
 
 
+def action_range_q99(actions: np.ndarray, min_width: float = 1e-3) -> tuple[list[float], list[float]]:
+    """Per dimension, the 1st and 99th percentiles of the demos' actions [n, D] (OpenVLA's
+    BOUNDS_Q99), within the env's [-1, 1]. A dimension the demos hold (nearly) constant, such as a
+    gripper kept closed, keeps [-1, 1]: a range of width ~0 cannot be binned."""
+    low = np.clip(np.percentile(actions, 1, axis=0), -1.0, 1.0)
+    high = np.clip(np.percentile(actions, 99, axis=0), -1.0, 1.0)
+    flat = high - low < min_width
+    low[flat], high[flat] = -1.0, 1.0
+    return [round(float(v), 6) for v in low], [round(float(v), 6) for v in high]
+
+
 def action_chunks(actions: np.ndarray, K: int) -> np.ndarray:
     """[T, D] -> [T, K, D]: chunk t holds actions t .. t+K-1, the last action repeated past the end."""
     T = len(actions)

@@ -37,6 +37,9 @@ def test_defaults_and_override_order(tmp_path):
     (None, "learner.rollout_ema_decay=1.0", ["learner.rollout_ema_decay=1.0", "< 1"]),
     (None, "algorithm.clip_ratio_c=0.5", ["algorithm.clip_ratio_c=0.5", "> 1"]),
     (None, "actor.num_envs", ["key=value"]),
+    (None, "policy.action_low=[-1,0]", ["policy.action_low=[-1.0, 0.0]", "policy.action_dim=7"]),
+    (None, "policy.action_high=[2.0]", ["policy.action_high=[2.0]", "[-1, 1]"]),
+    (None, "policy.action_low=[1.0]", ["policy.action_low=[1.0]", "low < high"]),
 ])
 def test_errors_name_key_value_and_allowed(tmp_path, text, override, words):
     path = write(tmp_path, text) if text else None

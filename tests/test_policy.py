@@ -60,13 +60,30 @@ def test_action_tokenizer_round_trips():
     actions[0, 0, :3] = [-1.0, 0.0, 1.0]
     back = tok.decode(tok.encode(actions))
     assert back.dtype == np.float32 and back.shape == actions.shape
-    assert np.abs(back - np.clip(actions, -1, 1)).max() <= tok.bin_width / 2 + 1e-6
+    assert np.abs(back - np.clip(actions, -1, 1)).max() <= 2 / 256 / 2 + 1e-6
     t = tok.encode(torch.tensor([[-1.0, 1.0]]))  # torch in, torch out; ends map to the end bins
     assert isinstance(t, torch.Tensor) and t.tolist() == [[256, 511]]
     with pytest.raises(ValueError, match=r"\[256, 512\)"):
         tok.decode(np.array([3]))
     with pytest.raises(ValueError, match="NaN"):
         tok.encode(np.array([np.nan]))
+
+
+def test_per_dimension_action_range_matches_a_naive_loop():
+    low, high = (-0.2, 0.0, -1.0), (0.3, 0.1, 1.0)
+    tok = ActionTokenizer(n_bins=32, vocab_size=64, low=low, high=high)
+    actions = np.random.default_rng(2).uniform(-1, 1, size=(20, 4, 3)).astype(np.float32)
+    tokens = tok.encode(actions.reshape(20, -1))           # [B, K * D], as the policy lays them out
+    centres = tok.decode(tokens).reshape(20, 4, 3)
+    for b, k, d in np.ndindex(20, 4, 3):
+        width = (high[d] - low[d]) / 32
+        expect = min(max(int(np.floor((actions[b, k, d] - low[d]) / width)), 0), 31)
+        assert tokens[b, k * 3 + d] == 32 + expect
+        assert centres[b, k, d] == pytest.approx(low[d] + (expect + 0.5) * width, abs=1e-6)
+    with pytest.raises(ValueError, match="multiple of the 3 action dims"):
+        tok.encode(np.zeros((1, 4)))
+    with pytest.raises(ValueError, match="high > low"):
+        ActionTokenizer(n_bins=32, vocab_size=64, low=(0.0, 0.5), high=(1.0, 0.5))
 
 
 def test_reduce_logprobs_matches_a_loop():

@@ -6,7 +6,8 @@ import torch
 
 from asyncvla.common.demos import DemoEpisode
 from asyncvla.learner.sft import explained_variance, sft_loss
-from asyncvla.learner.sft_data import action_chunks, build_samples, returns_to_go, split_by_episode
+from asyncvla.learner.sft_data import (action_chunks, action_range_q99, build_samples, returns_to_go,
+                                       split_by_episode)
 
 
 def test_action_chunks_match_a_naive_loop():
@@ -74,3 +75,15 @@ def test_sft_loss_and_explained_variance():
     y = np.array([1.0, 2.0, 3.0, 4.0])
     assert explained_variance(y, y) == 1.0 and explained_variance(np.full(4, 2.5), y) == 0.0
     assert np.isnan(explained_variance(y, np.ones(4)))
+
+
+def test_q99_action_range_is_per_dimension_and_keeps_constant_dims_whole():
+    rng = np.random.default_rng(0)
+    actions = np.stack([rng.uniform(-0.1, 0.2, 5000), rng.normal(0, 0.02, 5000), np.ones(5000)], 1)
+    actions[0, 0] = -5.0                                     # outliers do not stretch the range
+    low, high = action_range_q99(actions)
+    for d in range(2):
+        assert low[d] == pytest.approx(np.percentile(actions[:, d], 1), abs=1e-6)
+        assert high[d] == pytest.approx(np.percentile(actions[:, d], 99), abs=1e-6)
+    assert -0.1 < low[0] < -0.09 and 0.19 < high[0] < 0.2
+    assert (low[2], high[2]) == (-1.0, 1.0)                 # a gripper held closed

@@ -51,7 +51,7 @@ STRUCTURAL_KEYS = ("image_size", "action_dim", "num_action_chunks", "n_bins", "m
 
 
 class ActOutput(NamedTuple):
-    actions: np.ndarray        # float32 [B, K, D], bin centres in [-1, 1]
+    actions: np.ndarray        # float32 [B, K, D], bin centres in [action_low, action_high]
     action_tokens: np.ndarray  # int64 [B, N] vocabulary ids
     logprobs: np.ndarray       # float32 [B, N] token level, under the sampling temperature
     values: np.ndarray         # float32 [B]
@@ -85,7 +85,8 @@ class VLAPolicy(nn.Module):
         vlm = self._vlm
         hidden = vlm.config.text_config.hidden_size
         vocab = vlm.lm_head.out_features
-        self.action_tokenizer = ActionTokenizer(n_bins=cfg.n_bins, vocab_size=vocab)
+        self.action_tokenizer = ActionTokenizer(n_bins=cfg.n_bins, vocab_size=vocab,
+                                                low=tuple(cfg.action_low), high=tuple(cfg.action_high))
         self.value_head = ValueHead(hidden, cfg.value_head_hidden, cfg.value_encoder)
         self.state_encoder = StateEncoder(cfg.state_dim, hidden) if cfg.state_dim > 0 else None
         vc = vlm.config.vision_config
@@ -131,7 +132,7 @@ class VLAPolicy(nn.Module):
         policy = cls._assemble(vlm, tokenizer, image_spec, cfg, device,
                                adapter_dir=os.path.join(path, ADAPTER_DIR),
                                heads_file=os.path.join(path, HEADS_FILE))
-        if (policy.action_tokenizer.to_dict() != meta["action_tokens"]
+        if (policy.action_tokenizer.to_dict() != _as_lists(meta["action_tokens"], ("low", "high"))
                 or policy.layout.to_dict() != meta["prompt"]):
             raise ValueError(f"policy checkpoint '{path}': the backbone's vocabulary or tokenizer does not "
                              f"match the action-token spec / prompt layout recorded in {POLICY_FILE}")
@@ -460,6 +461,11 @@ def _read_policy_json(path: str) -> dict:
         raise ValueError(f"'{os.path.join(path, POLICY_FILE)}' has format {meta.get('format')!r} version "
                          f"{meta.get('format_version')!r}; expected {FORMAT!r} version {FORMAT_VERSION}")
     return meta
+
+
+def _as_lists(d: dict, keys) -> dict:
+    """Policies saved before per-dimension action ranges wrote low/high as one number."""
+    return {k: ([v] if k in keys and not isinstance(v, list) else v) for k, v in d.items()}
 
 
 def _policy_config_from_dict(d: dict) -> PolicyConfig:
