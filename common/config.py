@@ -154,6 +154,8 @@ class LearnerConfig:
     zero_stage: int = opt(3, "DeepSpeed ZeRO stage", choices=[0, 1, 2, 3])
     precision: str = opt("auto", "auto = bf16 on GPU, fp32 on CPU", choices=["auto", "fp32", "bf16"])
     max_policy_lag: int = opt(4, "drop segments produced more than this many versions ago", ge=0)
+    max_abs_reward: float = opt(1e4, "drop segments holding a reward with |r| above this (counted as "
+                                "bad_reward): a finite but absurd reward would swamp the gradient", gt=0.0)
     publish_interval: int = opt(1, "publish weights every this many updates", ge=1)
     rollout_ema_decay: float = opt(0.0, "EMA of published weights: pub <- d*pub + (1-d)*theta "
                                    "(0 = publish the learner's weights as they are)", ge=0.0, lt=1.0)

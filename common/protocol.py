@@ -8,7 +8,9 @@ On the wire a message is a list of frames:
 
 `decode` returns numpy arrays that view the received frames (no copy). Nothing is ever
 pickled; dtypes come from an allow-list. Every check failure raises `ValidationError` whose
-`reason` names the kind of problem (receivers count drops per reason).
+`reason` names the kind of problem (receivers count drops per reason). The decoders are total:
+whatever bytes a peer sends, they return or raise `ValidationError` (an exception no check
+foresaw becomes reason "decode_error"), so a receiving thread never dies of its input.
 
 Message kinds: "segment" (actor -> learner rank, schema in `SEGMENT_FIELDS`), "weights"
 (learner -> actor: version + named tensors), and the small control messages of `CONTROL_META`.
@@ -37,6 +39,13 @@ _TAG_OF = {np.dtype(np.uint8): "uint8", np.dtype(np.bool_): "bool", np.dtype(np.
 MAX_NAME_LEN = 256
 MAX_NDIM = 8
 INT64_MAX = (1 << 63) - 1
+# Our headers nest at most ~6 deep (a welcome's config); a deeper one is hostile, and walking it
+# (repr, str, deepcopy) would raise RecursionError.
+MAX_DEPTH = 16
+# Elements of one array counting only its non-zero dims: numpy refuses to shape even an empty
+# array whose other dims overflow its index type ([2**62, 2**62, 0]).
+MAX_ELEMENTS = 1 << 40
+REQUEST_MAX_BYTES = 64 << 10        # a request to a server (hello, heartbeat, get_weights, ...)
 
 SEGMENT, WEIGHTS = "segment", "weights"
 # Control messages: required meta keys and their types (extra keys are refused).
@@ -83,7 +92,7 @@ class Limits:
         if kind == SEGMENT:
             return cls(total, max_arrays=32, max_header_bytes=64 << 10)
         if kind == "request":
-            return cls(64 << 10, max_arrays=0, max_header_bytes=64 << 10)
+            return cls(REQUEST_MAX_BYTES, max_arrays=0, max_header_bytes=REQUEST_MAX_BYTES)
         return cls(total, max_arrays=4096, max_header_bytes=1 << 20)
 
 
@@ -97,6 +106,21 @@ class Message:
 
 
 # ------------------------------------------------------------------------------ generic codec
+def _total(decoder):
+    """Make a decoder total on peer input: any exception other than ValidationError (a check we
+    lack, e.g. an odd shape numpy refuses) is turned into one, so the receiver drops and counts
+    the message instead of dying."""
+    @functools.wraps(decoder)
+    def wrapped(*args, **kwargs):
+        try:
+            return decoder(*args, **kwargs)
+        except ValidationError:
+            raise
+        except Exception as e:
+            raise ValidationError("decode_error", f"{type(e).__name__}: {str(e)[:200]}") from e
+    return wrapped
+
+
 def encode(kind: str, meta: Mapping[str, Any] | None = None,
            arrays: Mapping[str, Any] | None = None) -> list:
     """Frames of a message: header bytes, then each array (a C-contiguous numpy array, whose
@@ -110,6 +134,7 @@ def encode(kind: str, meta: Mapping[str, Any] | None = None,
     return [msgpack.packb(header, use_bin_type=True)] + bodies
 
 
+@_total
 def decode(frames: Sequence[Any], limits: Limits) -> Message:
     """Parse and check a received message; arrays view the frames (zmq.Frame, bytes or buffers)."""
     if not frames:
@@ -184,6 +209,8 @@ def _unpack_header(buf: memoryview, limits: Limits) -> dict:
                                  max_map_len=4096, max_ext_len=0)
     except Exception as e:    # msgpack raises several types (ValueError, FormatError, StackError, ...)
         raise ValidationError("bad_header", f"not a valid msgpack header ({type(e).__name__})") from None
+    if not _nests_within(header, MAX_DEPTH):
+        raise ValidationError("too_deep", f"header nests deeper than {MAX_DEPTH} levels")
     if not isinstance(header, dict) or set(header) != {"type", "v", "meta", "arrays"}:
         keys = sorted(map(str, header)) if isinstance(header, dict) else type(header).__name__
         raise ValidationError("bad_header", f"header must be a map of type, v, meta, arrays; got {keys}")
@@ -192,6 +219,20 @@ def _unpack_header(buf: memoryview, limits: Limits) -> dict:
     if not isinstance(header["type"], str) or not isinstance(header["meta"], dict):
         raise ValidationError("bad_header", "type must be a string, meta a map")
     return header
+
+
+def _nests_within(obj, limit: int) -> bool:
+    """True when no list/map in obj lies more than `limit` levels deep (iterative: a hostile
+    depth cannot exhaust the stack here)."""
+    todo = [(obj, 1)]
+    while todo:
+        o, depth = todo.pop()
+        if depth > limit:
+            return False
+        for v in (o.values() if type(o) is dict else o):
+            if type(v) is list or type(v) is dict:
+                todo.append((v, depth + 1))
+    return True
 
 
 def _check_array_spec(spec, seen: dict) -> tuple[str, str, np.dtype, tuple, int]:
@@ -207,11 +248,15 @@ def _check_array_spec(spec, seen: dict) -> tuple[str, str, np.dtype, tuple, int]
         raise ValidationError("bad_dtype", f"array '{name}' dtype {str(tag)[:20]!r} not in {list(DTYPES)}")
     if type(shape) is not list or len(shape) > MAX_NDIM:
         raise ValidationError("bad_shape", f"array '{name}' shape must be a list of <= {MAX_NDIM} ints")
-    count = 1
+    count = nonzero = 1
     for d in shape:
         if type(d) is not int or not 0 <= d <= INT64_MAX:
             raise ValidationError("bad_shape", f"array '{name}' shape must hold non-negative int64s")
         count *= d
+        nonzero *= d or 1
+    if nonzero > MAX_ELEMENTS:
+        raise ValidationError("bad_shape", f"array '{name}' shape {shape} is absurd (non-zero dims hold "
+                                           f"more than {MAX_ELEMENTS} elements)")
     return name, tag, dtype, tuple(shape), count
 
 
@@ -278,7 +323,8 @@ OBS_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.role == "obs")
 TIME_MAJOR_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.role in ("obs", "step"))
 FINAL_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.role == "final")
 STATE_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if "S" in f.dims)   # present only when S > 0
-# Value checks on receipt: floats finite, flags and masks 0/1, token ids below the vocabulary.
+# Value checks on receipt: floats finite, flags and masks 0/1, token ids below the vocabulary
+# (action tokens within the action ids), rewards bounded.
 FINITE_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.dtype == "float32")
 BINARY_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.dtype == "uint8" and "H" not in f.dims)
 TOKEN_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.dtype == "int64" and {"L", "N"} & set(f.dims))
@@ -295,7 +341,9 @@ def final_field(obs_name: str) -> str:
 @dataclass(frozen=True)
 class SegmentSpec:
     """The dims a receiver expects (H = W = image_size, L, N = K*D, K, S), and optional bounds:
-    num_steps (exact T), max_steps, max_envs, vocab_size (token ids must be below it)."""
+    num_steps (exact T), max_steps, max_envs, vocab_size (token ids must be below it),
+    first_action_id (action tokens must be at least it: the action ids are the vocabulary's last
+    ones), max_abs_reward (|reward| must not exceed it)."""
     image_size: int
     instruction_len: int
     num_tokens: int
@@ -306,6 +354,8 @@ class SegmentSpec:
     max_steps: int | None = None
     max_envs: int | None = None
     vocab_size: int | None = None
+    first_action_id: int | None = None
+    max_abs_reward: float | None = None
 
     def fields(self) -> dict[str, Field]:
         """The expected arrays: name -> Field."""
@@ -323,6 +373,7 @@ def encode_segment(segment: Segment) -> list:
     return encode(SEGMENT, segment.meta, segment.arrays)
 
 
+@_total
 def decode_segment(frames: Sequence[Any], spec: SegmentSpec, limits: Limits) -> Segment:
     msg = decode(frames, limits)
     expect_kind(msg, SEGMENT)
@@ -419,10 +470,17 @@ def _check_segment_values(arrays: dict, spec: SegmentSpec, dims: dict) -> None:
     if arrays["ep_length"].size and arrays["ep_length"].min() < 0:
         raise ValidationError("bad_values", "'ep_length' is negative")
     if spec.vocab_size is not None:
-        for name in TOKEN_FIELDS:      # as uint64 a negative id is huge: one max() checks both ends
-            a = arrays[name]
-            if a.size and a.view(np.uint64).max() >= spec.vocab_size:
-                raise ValidationError("bad_values", f"'{name}' has ids outside [0, {spec.vocab_size})")
+        for name in TOKEN_FIELDS:
+            low = (spec.first_action_id or 0) if name == "action_tokens" else 0
+            # shifted and seen as uint64, an id below `low` is huge: one max() checks both ends
+            a = arrays[name] if not low else arrays[name] - low
+            if a.size and a.view(np.uint64).max() >= spec.vocab_size - low:
+                raise ValidationError("bad_token", f"'{name}' has ids outside [{low}, {spec.vocab_size})")
+    rewards = arrays["rewards"]
+    largest = max(float(rewards.max()), -float(rewards.min())) if rewards.size else 0.0
+    if spec.max_abs_reward is not None and largest > spec.max_abs_reward:
+        raise ValidationError("bad_reward", f"'rewards' holds |r| = {largest:.3g} > {spec.max_abs_reward} "
+                                            "(learner.max_abs_reward)")
     # final_index lists exactly the steps that were truncated without terminating: the learner
     # bootstraps V(final obs) there and nowhere else.
     idx, T, B = arrays["final_index"], dims["T"], dims["B"]
@@ -457,12 +515,14 @@ def encode_weights(version: int, tensors: Mapping[str, Any], step: int | None = 
     return encode(WEIGHTS, meta, tensors)
 
 
+@_total
 def decode_weights(frames: Sequence[Any], limits: Limits) -> tuple[int, dict[str, np.ndarray]]:
     """(version, tensors). Arrays view the frames, except bf16 ones, which become float32
     (exact; numpy has no bf16, and the receiving model casts to its own dtype anyway)."""
     return weights_of(decode(frames, limits))
 
 
+@_total
 def weights_of(msg: Message) -> tuple[int, dict[str, np.ndarray]]:
     """Check a decoded "weights" message and return (version, tensors); its optional meta
     "step" (the learner update behind the version) stays in msg.meta."""
@@ -497,11 +557,13 @@ def encode_control(kind: str, meta: Mapping[str, Any] | None = None,
     return encode(kind, meta, arrays)
 
 
+@_total
 def decode_control(frames: Sequence[Any], limits: Limits, *kinds: str) -> Message:
     """A control message of one of `kinds`, its meta checked against `CONTROL_META`."""
     return control_of(decode(frames, limits), *kinds)
 
 
+@_total
 def control_of(msg: Message, *kinds: str) -> Message:
     expect_kind(msg, *kinds)
     required = CONTROL_META[msg.kind]

@@ -188,6 +188,14 @@ def _retag(name, tag, itemsize):
     return f
 
 
+def _deep_list(depth):
+    """[[[...]]] `depth` lists deep, built without recursion."""
+    out = []
+    for _ in range(depth - 1):
+        out = [out]
+    return out
+
+
 def _nested(depth):
     return lambda frames: [b"\x91" * depth + b"\x00"] + frames[1:]
 
@@ -206,7 +214,10 @@ CASES = {
     "truncated frame": (lambda f: f[:1] + [bytes(f[1])[:-1]] + f[2:], "frame_size"),
     "unknown dtype": (_spec_entry("rewards", 1, "object"), "bad_dtype"),
     "negative dim": (_spec_entry("rewards", 2, [-4, 2]), "bad_shape"),
-    "huge declared shape": (_spec_entry("image", 2, [1 << 40, 1 << 40]), "frame_size"),
+    "huge declared shape": (_spec_entry("image", 2, [1 << 20, 1 << 20]), "frame_size"),
+    "absurd empty shape": (_spec_entry("rewards", 2, [1 << 62, 1 << 62, 0]), "bad_shape"),
+    "deep nesting": (_spec_entry("rewards", 2, _deep_list(1000)), "too_deep"),
+    "deep meta": (_set_meta("act_s", _deep_list(1000)), "too_deep"),
     "float dim": (_spec_entry("rewards", 2, [4.0, 2]), "bad_shape"),
     "repeated name": (_spec_entry("rewards", 0, "image"), "bad_header"),
     "field dtype": (_retag("rewards", "float16", 2), "bad_dtype"),
@@ -223,8 +234,8 @@ CASES = {
     "positive logp": (_set_array("behavior_logp", lambda a: a.__setitem__((0, 0, 0), 2.0)), "bad_values"),
     "mask not 0/1": (_set_array("instruction_mask", lambda a: a.__setitem__((0, 0, 0), 7)), "bad_values"),
     "token out of vocab": (_set_array("action_tokens", lambda a: a.__setitem__((0, 0, 0), 512)),
-                           "bad_values"),
-    "negative token": (_set_array("instruction", lambda a: a.__setitem__((0, 0, 0), -1)), "bad_values"),
+                           "bad_token"),
+    "negative token": (_set_array("instruction", lambda a: a.__setitem__((0, 0, 0), -1)), "bad_token"),
     "final_index off a truncation": (_set_array("truncated", lambda a: a.__setitem__(slice(None), 0)),
                                      "bad_values"),
     "negative episode length": (_set_array("ep_length", lambda a: a.__setitem__(0, -3)), "bad_values"),
@@ -251,6 +262,62 @@ def test_size_limits_apply_before_parsing():
         P.decode_segment(frames, SMALL, Limits(max_bytes=size, max_arrays=3))
     with pytest.raises(ValidationError, match="header_too_large"):
         P.decode_segment(frames, SMALL, Limits(max_bytes=size, max_header_bytes=16))
+
+
+@pytest.mark.parametrize("kind", ["request", "control", P.WEIGHTS, P.SEGMENT])
+def test_every_channel_bounds_frames_bytes_and_depth(kind):
+    limits = Limits.for_kind(kind, 1)
+    hello = P.encode_control("hello", {"actor_id": "a", "host": "h", "pid": 1, "num_envs": 0})
+    many = [hello[0]] + [b"x"] * (limits.max_arrays + 1)
+    with pytest.raises(ValidationError) as err:
+        P.decode(many, limits)
+    assert err.value.reason == "frame_count"
+    with pytest.raises(ValidationError) as err:
+        P.decode([hello[0] + bytes(limits.max_bytes)], limits)
+    assert err.value.reason == "too_large"
+    # ~1,000 levels: shallower than msgpack's own limit, deep enough to exhaust Python's stack
+    for header in ({"type": "hello", "v": 1, "meta": {}, "arrays": _deep_list(1000)},
+                   {"type": "hello", "v": 1, "meta": {"x": _deep_list(1000)}, "arrays": []},
+                   {"type": _deep_list(1000), "v": 1, "meta": {}, "arrays": []}):
+        with pytest.raises(ValidationError) as err:
+            P.decode([msgpack.packb(header)], limits)
+        assert err.value.reason == "too_deep"
+
+
+def test_decoders_turn_unforeseen_errors_into_a_reason(monkeypatch):
+    def broken(specs):
+        raise IndexError("a check we lack")
+    monkeypatch.setattr(P, "_array_layout", broken)
+    hello = P.encode_control("hello", {"actor_id": "a", "host": "h", "pid": 1, "num_envs": 0})
+    with pytest.raises(ValidationError) as err:
+        P.decode_control(hello, Limits.for_kind("request", 1), "hello")
+    assert err.value.reason == "decode_error" and "IndexError" in str(err.value)
+
+
+def test_action_tokens_in_the_action_range_and_rewards_bounded():
+    spec = make_spec(T=4, B=2, H=16, L=8, K=2, D=3, vocab=512)
+    spec = SegmentSpec(**{**spec.__dict__, "first_action_id": 256, "max_abs_reward": 100.0})
+    seg = make_segment(spec, B=2, truncations=1, episodes=1)
+    seg.arrays["action_tokens"][:] = np.arange(seg.arrays["action_tokens"].size).reshape(
+        seg.arrays["action_tokens"].shape) % 256 + 256             # every action id, [256, 512)
+    seg.arrays["rewards"][0, 0] = -100.0                             # on the bound: fine
+    P.decode_segment(P.encode_segment(seg), spec, LIMITS)
+    cases = [("action_tokens", (0, 0, 0), 255, "bad_token"),         # a text id, below the action ids
+             ("action_tokens", (1, 1, 1), -(1 << 63), "bad_token"),
+             ("action_tokens", (1, 1, 1), 512, "bad_token"),
+             ("instruction", (0, 0, 0), 0, None),                    # text ids may be anything in the vocab
+             ("rewards", (0, 1), 3e38, "bad_reward"),
+             ("rewards", (0, 1), -100.5, "bad_reward")]
+    for name, where, value, reason in cases:
+        arrays = {k: v.copy() for k, v in seg.arrays.items()}
+        arrays[name][where] = value
+        bad = P.Segment(seg.meta, arrays)
+        if reason is None:
+            P.decode_segment(P.encode_segment(bad), spec, LIMITS)
+            continue
+        with pytest.raises(ValidationError) as err:
+            P.decode_segment(P.encode_segment(bad), spec, LIMITS)
+        assert err.value.reason == reason, (name, value, str(err.value))
 
 
 def test_bool_arrays_must_hold_0_or_1():
