@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import socket
 import threading
@@ -29,9 +30,9 @@ from typing import Callable
 
 import zmq
 
-from asyncvla.common.protocol import (Limits, Message, ValidationError, decode_control, encode_control,
-                                      files_of, MAX_NAME_LEN)
-from asyncvla.common.sockets import (DropLog, Node, TransportError, advertised, bind_endpoint,
+from asyncvla.common.protocol import (REQUEST_MAX_BYTES, Limits, Message, ValidationError, decode_control,
+                                      encode_control, files_of, MAX_NAME_LEN)
+from asyncvla.common.sockets import (DropLog, Node, ServiceThread, TransportError, advertised, bind_endpoint,
                                      bound_endpoint)
 
 log = logging.getLogger("asyncvla.transport")
@@ -107,6 +108,7 @@ class ControlServer:
     welcome_fn(hello: dict) -> dict builds the welcome (config dict, trajectory_endpoints,
     weights_endpoint, weight_version, policy {path, optional files {relpath: bytes}}). With
     `policy_dir`, actors that cannot read policy.path fetch that directory's files once.
+    `check()` raises ThreadDied if the serving thread died (the learner polls it).
     """
 
     def __init__(self, tcfg, welcome_fn: Callable[[dict], dict], policy_dir: str | None = None,
@@ -116,8 +118,11 @@ class ControlServer:
         self.policy_dir = policy_dir
         self._node = Node(tcfg, server=True)
         try:
+            # Requests are tiny: a small per-frame cap makes ZeroMQ drop a connection that sends
+            # a big frame before it is held here (the frame count is bounded by `decode`).
             self._router = self._node.socket(
-                zmq.ROUTER, bind=endpoint or bind_endpoint(tcfg, tcfg.control_port), ROUTER_MANDATORY=1)
+                zmq.ROUTER, bind=endpoint or bind_endpoint(tcfg, tcfg.control_port), ROUTER_MANDATORY=1,
+                MAXMSGSIZE=REQUEST_MAX_BYTES)
         except BaseException:
             self._node.close(0)
             raise
@@ -129,8 +134,11 @@ class ControlServer:
         self.stats = {"messages": 0, "invalid": Counter()}
         self._drop_log = DropLog("control server")
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="control-server", daemon=True)
+        self._thread = ServiceThread("control-server", self._serve)
         self._thread.start()
+
+    def check(self) -> None:
+        self._thread.check()
 
     def counts(self) -> dict[str, int]:
         with self._lock:
@@ -288,10 +296,11 @@ class LearnerClient:
 
     def join(self, timeout: float | None = None, stop: threading.Event | None = None) -> dict | None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="learner-client", daemon=True)
+            self._thread = ServiceThread("learner-client", self._run)
             self._thread.start()
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._joined.wait(0.05):
+            self._thread.check()
             if self.error:
                 raise TransportError(f"learner at {self.endpoint}: {self.error}")
             if self.finished or (stop is not None and stop.is_set()) or \
@@ -305,8 +314,12 @@ class LearnerClient:
         done = threading.Event()
         with self._lock:
             self._request = {"done": done, "sent": False, "result": None, "error": None}
-        if not done.wait(timeout):
-            raise TransportError(f"learner at {self.endpoint} sent no policy files within {timeout} s")
+        deadline = time.monotonic() + timeout
+        while not done.wait(0.05):
+            if self._thread is not None:
+                self._thread.check()
+            if time.monotonic() >= deadline:
+                raise TransportError(f"learner at {self.endpoint} sent no policy files within {timeout} s")
         request, self._request = self._request, None
         if request["error"]:
             raise TransportError(f"learner at {self.endpoint}: {request['error']}")
@@ -441,3 +454,7 @@ def _check_welcome(meta: dict) -> None:
     if not all(isinstance(e, str) for e in meta["trajectory_endpoints"]) or not meta["trajectory_endpoints"]:
         raise ValidationError("bad_welcome", "welcome 'trajectory_endpoints' must be a non-empty list "
                                              "of strings")
+    for key in ("heartbeat_interval_s", "heartbeat_timeout_s"):      # the client thread times with them
+        value = meta.get(key, 1.0)
+        if type(value) not in (int, float) or not 0 < value < math.inf:
+            raise ValidationError("bad_welcome", f"welcome '{key}' must be a positive number")

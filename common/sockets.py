@@ -1,5 +1,6 @@
 """ZeroMQ plumbing shared by the channels of common/transport.py: endpoints, the public-bind
-rule, CURVE keys, configured sockets and bounded-rate drop logging.
+rule, CURVE keys, configured sockets, serving threads that report their death, and bounded-rate
+drop logging.
 
 CURVE key layout (written by `asyncvla keygen DIR`):
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +33,10 @@ WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "")
 
 class TransportError(RuntimeError):
     """A transport set-up problem, phrased for the user (which key or endpoint, what to do)."""
+
+
+class ThreadDied(RuntimeError):
+    """A channel's background thread ended with an exception (`check()` raises it, naming it)."""
 
 
 # ---------------------------------------------------------------------------------- endpoints
@@ -193,6 +199,35 @@ def bound_endpoint(s: zmq.Socket) -> str:
     """The endpoint a socket really bound (resolves tcp://host:* to the chosen port)."""
     ep = s.getsockopt(zmq.LAST_ENDPOINT)
     return ep.decode() if isinstance(ep, bytes) else ep
+
+
+# ------------------------------------------------------------------------------------ threads
+class ServiceThread(threading.Thread):
+    """A channel's daemon thread that keeps the exception it died of. Peer input cannot kill it
+    (the decoders are total), so a death is a bug of ours; the owner polls `check()` so that the
+    process stops and says which thread died, instead of leaving actors unanswered.
+    `on_exit()` runs when the thread ends, its error already recorded (to wake waiters)."""
+
+    def __init__(self, name: str, target, on_exit=None):
+        super().__init__(name=name, daemon=True)
+        self._serve, self._on_exit = target, on_exit
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:
+            self.error = e
+            log.error("thread %s died", self.name, exc_info=True)
+        finally:
+            if self._on_exit is not None:
+                self._on_exit()
+
+    def check(self) -> None:
+        """Raise ThreadDied if the thread ended with an exception."""
+        if self.error is not None:
+            raise ThreadDied(f"the {self.name} thread died: {type(self.error).__name__}: "
+                             f"{self.error}") from self.error
 
 
 # ------------------------------------------------------------------------------------ logging

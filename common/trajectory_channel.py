@@ -20,8 +20,8 @@ from typing import Sequence
 
 import zmq
 
-from asyncvla.common.protocol import (SEGMENT, Limits, Segment, SegmentSpec, ValidationError, decode_segment,
-                                      encode_segment)
+from asyncvla.common.protocol import (REQUEST_MAX_BYTES, SEGMENT, Limits, Segment, SegmentSpec, ValidationError,
+                                      decode_segment, encode_segment)
 from asyncvla.common.sockets import DropLog, Node, advertised, bind_endpoint, bound_endpoint
 
 BACKPRESSURE = ("block", "drop_oldest")
@@ -30,7 +30,10 @@ BACKPRESSURE = ("block", "drop_oldest")
 class TrajectoryReceiver:
     """One learner rank's inbox: ROUTER bound on trajectory_port + rank (or `endpoint`).
     `recv` returns validated segments whose arrays view the received frames, and acks each
-    message it takes (valid or not) to its sender."""
+    message it takes (valid or not) to its sender. Invalid messages, whatever they hold, are
+    dropped and counted by reason in `stats["invalid"]`. ZeroMQ caps each frame at
+    max_message_mb, and `decode` the frame count and total bytes; ZeroMQ still buffers a whole
+    multipart message before handing it over, so one message may briefly hold frames x cap."""
 
     def __init__(self, tcfg, rank: int, spec: SegmentSpec, endpoint: str | None = None):
         self.spec = spec
@@ -100,7 +103,9 @@ class TrajectorySender:
         self.backpressure = backpressure
         self._linger_s = tcfg.linger_ms / 1000
         self._node = Node(tcfg, server=False)
-        self._dealer = self._node.socket(zmq.DEALER, connect=endpoints, SNDHWM=tcfg.send_hwm)
+        # What comes back is only empty acks: a small cap on incoming frames.
+        self._dealer = self._node.socket(zmq.DEALER, connect=endpoints, SNDHWM=tcfg.send_hwm,
+                                         MAXMSGSIZE=REQUEST_MAX_BYTES)
         self._sndtimeo = -1
         self._pending: deque[list] = deque()
         self._max_pending = tcfg.send_hwm

@@ -8,17 +8,19 @@
                                                  (hello/welcome, heartbeats, bye)
 
 Messages are those of common/protocol.py (msgpack header + raw frames, zero-copy both ways);
-every received one is validated, and an invalid one is dropped, counted per reason in `.stats`
-and logged at a bounded rate. Endpoints are tcp://HOST:PORT or ipc://PATH; the servers take an
-explicit `endpoint=` (tests, ipc) instead of the configured port. Keys (CURVE) and the
-public-bind rule: see common/sockets.py. This module holds no code of its own.
+every received one is validated, and an invalid one, whatever it holds, is dropped, counted per
+reason in `.stats` and logged at a bounded rate. A server thread that dies all the same (a bug)
+keeps its exception: the server's `check()` raises ThreadDied naming it (the learner polls it).
+Endpoints are tcp://HOST:PORT or ipc://PATH; the servers take an explicit `endpoint=` (tests,
+ipc) instead of the configured port. Keys (CURVE) and the public-bind rule: see
+common/sockets.py. This module holds no code of its own.
 """
 
 from asyncvla.common.control import ControlServer, LearnerClient, Registry
 from asyncvla.common.protocol import Segment, SegmentSpec, ValidationError
-from asyncvla.common.sockets import TransportError
+from asyncvla.common.sockets import ThreadDied, TransportError
 from asyncvla.common.trajectory_channel import BACKPRESSURE, TrajectoryReceiver, TrajectorySender
 from asyncvla.common.weight_channel import WeightServer, WeightSubscriber
 
 __all__ = ["BACKPRESSURE", "TrajectoryReceiver", "TrajectorySender", "WeightServer", "WeightSubscriber", "ControlServer",
-           "LearnerClient", "Registry", "Segment", "SegmentSpec", "TransportError", "ValidationError"]
+           "LearnerClient", "Registry", "Segment", "SegmentSpec", "ThreadDied", "TransportError", "ValidationError"]

@@ -21,9 +21,9 @@ from collections import Counter, OrderedDict
 
 import zmq
 
-from asyncvla.common.protocol import (WEIGHTS, Limits, ValidationError, control_of, decode, decode_control,
-                                      encode_control, encode_weights, weights_of)
-from asyncvla.common.sockets import DropLog, Node, advertised, bind_endpoint, bound_endpoint
+from asyncvla.common.protocol import (REQUEST_MAX_BYTES, WEIGHTS, Limits, ValidationError, control_of, decode,
+                                      decode_control, encode_control, encode_weights, weights_of)
+from asyncvla.common.sockets import DropLog, Node, ServiceThread, advertised, bind_endpoint, bound_endpoint
 
 log = logging.getLogger("asyncvla.transport")
 
@@ -33,13 +33,16 @@ MAX_PEERS_REMEMBERED = 4096
 
 
 class WeightServer:
-    """Serves the newest published (version, tensors) on weights_port (or `endpoint`)."""
+    """Serves the newest published (version, tensors) on weights_port (or `endpoint`).
+    `check()` raises ThreadDied if the serving thread died (the learner polls it)."""
 
     def __init__(self, tcfg, endpoint: str | None = None):
         self._node = Node(tcfg, server=True)
         try:
+            # Requests are tiny (MAXMSGSIZE caps what comes in, not the weights going out).
             self._router = self._node.socket(
-                zmq.ROUTER, bind=endpoint or bind_endpoint(tcfg, tcfg.weights_port), ROUTER_MANDATORY=1)
+                zmq.ROUTER, bind=endpoint or bind_endpoint(tcfg, tcfg.weights_port), ROUTER_MANDATORY=1,
+                MAXMSGSIZE=REQUEST_MAX_BYTES)
             wake = f"inproc://weights-wake-{id(self)}"
             self._wake_rx = self._node.socket(zmq.PAIR, bind=wake, secure=False)
             self._wake_tx = self._node.socket(zmq.PAIR, connect=wake, secure=False)
@@ -55,8 +58,11 @@ class WeightServer:
         self.stats = {"requests": 0, "replies": 0, "unroutable": 0, "invalid": Counter()}
         self._drop_log = DropLog("weight server")
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="weight-server", daemon=True)
+        self._thread = ServiceThread("weight-server", self._serve)
         self._thread.start()
+
+    def check(self) -> None:
+        self._thread.check()
 
     @property
     def version(self) -> int:
@@ -156,7 +162,8 @@ class WeightSubscriber:
     `poll_newest(newer_than=v)` returns (version, tensors) or None at once; `wait_newer(v,
     timeout)` waits for one; `reset()` starts over after a learner restart. Tensors are numpy
     arrays viewing the received frames (bf16 arrives as float32). After a version is handed out,
-    `step` is the learner update that produced it (None if the server did not say).
+    `step` is the learner update that produced it (None if the server did not say). If the
+    fetch thread dies (a bug: invalid replies are dropped and counted), the waits raise ThreadDied.
     """
 
     def __init__(self, endpoint: str, tcfg, wait_s: float = 1.0):
@@ -173,17 +180,19 @@ class WeightSubscriber:
         self.stats = {"received": 0, "superseded": 0, "invalid": Counter()}
         self._drop_log = DropLog(f"weight subscriber ({endpoint})")
         self._closed = False
-        self._thread = threading.Thread(target=self._fetch, name="weight-subscriber", daemon=True)
+        self._thread = ServiceThread("weight-subscriber", self._fetch, on_exit=self._wake_waiters)
         self._thread.start()
 
     def poll_newest(self, newer_than: int = -1):
+        self._thread.check()
         with self._cond:
             return self._take(newer_than)
 
     def wait_newer(self, version: int, timeout: float | None = None):
         with self._cond:
-            self._cond.wait_for(
-                lambda: self._closed or (self._newest is not None and self._newest[0] > version), timeout)
+            self._cond.wait_for(lambda: self._closed or self._thread.error is not None or
+                                (self._newest is not None and self._newest[0] > version), timeout)
+            self._thread.check()
             return self._take(version)
 
     def reset(self) -> None:
@@ -207,6 +216,10 @@ class WeightSubscriber:
         return version, tensors
 
     # -------------------------------------------------------------- fetch thread
+    def _wake_waiters(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
     def _fetch(self) -> None:
         asked_at = None
         while not self._closed:

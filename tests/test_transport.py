@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import multiprocessing as mp
@@ -247,6 +248,106 @@ def test_fuzzed_messages_are_counted_and_valid_ones_arrive_intact(caplog):
     assert len(caplog.records) < 100
 
 
+# ---------------------------------------------------------------------- hostile peers, each channel
+def deep_list(depth: int) -> list:
+    """[[[...]]] `depth` lists deep: under msgpack's own limit, over what Python can recurse into."""
+    out = []
+    for _ in range(depth - 1):
+        out = [out]
+    return out
+
+
+def hostile_requests(kind: str, meta: dict) -> dict[str, list]:
+    """Bad messages a peer may send to a request server, each with the drop reason it must get."""
+    header = {"type": kind, "v": 1, "meta": meta, "arrays": []}
+    good = msgpack.packb(header)
+    return {"too_deep": [msgpack.packb({**header, "arrays": deep_list(1000)})],
+            "too_deep ": [msgpack.packb({**header, "meta": {**meta, "x": deep_list(1000)}})],
+            "bad_shape": [msgpack.packb({**header, "arrays": [["f", "uint8", [1 << 62, 1 << 62, 0]]]})],
+            "frame_count": [good] + [bytes(1000)] * 40,
+            "bad_header": [b"\xc1"]}
+
+
+def send_raw(endpoint: str, messages, settle_s: float = 0.0) -> None:
+    """Send multipart messages from a bare DEALER (what a hostile peer can do)."""
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.linger = 2000
+    s.connect(endpoint)
+    for frames in messages:
+        s.send_multipart(frames)
+    time.sleep(settle_s)
+    s.close()
+    ctx.term()
+
+
+def reasons_of(cases: dict) -> dict:
+    return dict(collections.Counter(k.strip() for k in cases))
+
+
+def in_action_range(seg: P.Segment, first: int, vocab: int) -> P.Segment:
+    seg.arrays["action_tokens"] = seg.arrays["action_tokens"] % (vocab - first) + first
+    return seg
+
+
+def test_trajectory_receiver_drops_hostile_segments_and_keeps_serving():
+    spec = make_spec(T=2, B=2, H=8, L=4, K=2, D=2, vocab=512)
+    spec = P.SegmentSpec(**{**spec.__dict__, "first_action_id": 256, "max_abs_reward": 1e4})
+    good = in_action_range(make_segment(spec, B=2, truncations=1, episodes=1), 256, 512)
+    frames = [bytes(memoryview(f).cast("B")) for f in P.encode_segment(good)]
+    header = msgpack.unpackb(frames[0])
+    names = [a[0] for a in header["arrays"]]
+
+    def with_array(name, fn):
+        arrays = {k: v.copy() for k, v in good.arrays.items()}
+        fn(arrays[name])
+        return P.encode_segment(P.Segment(good.meta, arrays))
+
+    huge = msgpack.unpackb(frames[0])
+    huge["arrays"][names.index("rewards")][2] = [1 << 62, 1 << 62, 0]
+    rewards_at = names.index("rewards") + 1
+    cases = {"too_deep": [msgpack.packb({**header, "arrays": header["arrays"] + [deep_list(1000)]})] + frames[1:],
+             "bad_shape": [msgpack.packb(huge)] + frames[1:rewards_at] + [b""] + frames[rewards_at + 1:],
+             "frame_count": frames + [bytes(1000)] * 40,
+             "bad_token": with_array("action_tokens", lambda a: a.__setitem__((0, 0, 0), 255)),
+             "bad_reward": with_array("rewards", lambda a: a.__setitem__((0, 0), 3e38))}
+    cfg = tcfg()
+    receiver = transport.TrajectoryReceiver(cfg, 0, spec, endpoint="tcp://127.0.0.1:*")
+    sender = transport.TrajectorySender([receiver.endpoint], cfg)
+    try:
+        send_raw(receiver.endpoint, cases.values())
+        assert receiver.recv(timeout_ms=500) is None
+        assert dict(receiver.stats["invalid"]) == reasons_of(cases)
+        assert sender.send(good)
+        out = receiver.recv(timeout_ms=10_000)                     # still serving
+        assert out is not None and digest(out) == digest(good)
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_weight_server_drops_hostile_requests_and_keeps_serving():
+    cfg = tcfg()
+    server = transport.WeightServer(cfg, endpoint="tcp://127.0.0.1:*")
+    server.publish(1, {"w": np.arange(4, dtype=np.float32)})
+    cases = hostile_requests("get_weights", {"newer_than": -1, "wait_ms": 0})
+    sub = None
+    try:
+        # a frame over the request cap: ZeroMQ drops that connection before the frame is held
+        send_raw(server.endpoint, [[bytes(1 << 20)]], settle_s=0.3)
+        send_raw(server.endpoint, cases.values())
+        assert wait_until(lambda: sum(server.stats["invalid"].values()) >= len(cases))
+        sub = transport.WeightSubscriber(server.endpoint, cfg, wait_s=0.2)
+        version, tensors = sub.wait_newer(-1, timeout=10)
+        assert version == 1 and tensors["w"].tolist() == [0, 1, 2, 3]
+        assert dict(server.stats["invalid"]) == reasons_of(cases)     # nothing for the big frame
+        server.check()
+    finally:
+        if sub is not None:
+            sub.close()
+        server.close()
+
+
 # ------------------------------------------------------------------------------ backpressure
 def _rss() -> int:
     return psutil.Process().memory_info().rss
@@ -387,7 +488,11 @@ def test_subscriber_drops_invalid_weights_and_keeps_going():
     server.linger = 0
     server.bind("tcp://127.0.0.1:*")
     sub = transport.WeightSubscriber(server.getsockopt(zmq.LAST_ENDPOINT).decode(), tcfg(), wait_s=0.2)
+    huge = msgpack.unpackb(P.encode_weights(4, {"w": np.zeros(0, np.float32)})[0])
+    huge["arrays"][0][2] = [1 << 62, 1 << 62, 0]
+    deep = {"type": "weights", "v": 1, "meta": {"version": 4}, "arrays": deep_list(1000)}
     replies = [[b"\x93\x01"], P.encode_weights(4, {"w": np.array([1.0, np.nan], np.float32)}),
+               [msgpack.packb(deep)], [msgpack.packb(huge), b""],
                P.encode_weights(5, {"w": np.array([1.0, 2.0], np.float32)})]
     try:
         for reply in replies:
@@ -398,7 +503,7 @@ def test_subscriber_drops_invalid_weights_and_keeps_going():
             server.send_multipart([peer, *reply])
         version, tensors = sub.wait_newer(-1, timeout=10)
         assert version == 5 and tensors["w"].tolist() == [1.0, 2.0]
-        assert sub.stats["invalid"] == {"bad_header": 1, "not_finite": 1}
+        assert sub.stats["invalid"] == {"bad_header": 1, "not_finite": 1, "too_deep": 1, "bad_shape": 1}
     finally:
         sub.close()
         server.close()

@@ -6,20 +6,23 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 
+import msgpack
 import numpy as np
 import pytest
 import zmq
 import zmq.auth
 
+from asyncvla.common import protocol as P
 from asyncvla.common import transport
 from asyncvla.common.config import TransportConfig
 from asyncvla.common.control import Registry
 from asyncvla.common.sockets import TransportError, bound_endpoint
 from asyncvla.launch import cli
 from tests.test_protocol import make_segment, make_spec
-from tests.test_transport import REPO, wait_until
+from tests.test_transport import REPO, deep_list, hostile_requests, reasons_of, send_raw, wait_until
 
 FAST = dict(heartbeat_interval_s=0.1, heartbeat_timeout_s=1.5, reconnect_max_s=0.4, linger_ms=200)
 SPEC = make_spec(T=2, B=2, H=16, L=8, K=2, D=3)
@@ -129,6 +132,55 @@ def test_a_failing_welcome_is_reported_to_the_actor():
     finally:
         client.close()
         server.close()
+
+
+def test_control_server_drops_hostile_requests_and_keeps_serving():
+    server = transport.ControlServer(tcfg(), welcome_fn_for(["tcp://127.0.0.1:2"]), endpoint="tcp://127.0.0.1:*")
+    cases = hostile_requests("hello", {"actor_id": "x", "host": "h", "pid": 1, "num_envs": 0})
+    client = transport.LearnerClient(server.endpoint, "a", tcfg())
+    try:
+        # a frame over the request cap: ZeroMQ drops that connection before the frame is held
+        send_raw(server.endpoint, [[bytes(1 << 20)]], settle_s=0.3)
+        send_raw(server.endpoint, cases.values())
+        assert wait_until(lambda: sum(server.stats["invalid"].values()) >= len(cases))
+        assert client.join(timeout=10) is not None                  # a new actor is still answered
+        assert dict(server.stats["invalid"]) == reasons_of(cases)    # nothing for the big frame
+        assert server.counts()["alive"] == 1
+        server.check()
+    finally:
+        client.close()
+        server.close(notify=False)
+
+
+def test_learner_client_drops_hostile_replies_and_joins():
+    ctx = zmq.Context()
+    learner = ctx.socket(zmq.ROUTER)                 # a "learner" that answers hellos badly first
+    learner.linger = 0
+    learner.bind("tcp://127.0.0.1:*")
+    good = {"config": {}, "trajectory_endpoints": ["tcp://127.0.0.1:2"], "weights_endpoint": "tcp://127.0.0.1:3",
+            "weight_version": 0, "policy": {"path": "/p"}, "rollout": {}}
+    replies = [[msgpack.packb({"type": "welcome", "v": 1, "meta": {**good, "config": deep_list(1000)},
+                               "arrays": []})],
+               P.encode_control("welcome", {**good, "heartbeat_timeout_s": "soon"}),
+               P.encode_control("welcome", {**good, "heartbeat_interval_s": float("nan")}),
+               P.encode_control("welcome", good)]
+    client = transport.LearnerClient(bound_endpoint(learner), "a", tcfg())
+    try:
+        joined = []
+        thread = threading.Thread(target=lambda: joined.append(client.join(timeout=20)))
+        thread.start()
+        for reply in replies:                        # the client says hello again after each bad one
+            assert learner.poll(10_000)
+            peer, *hello = learner.recv_multipart()
+            assert P.decode_control(hello, P.Limits.for_kind("request", 1), "hello").meta["actor_id"] == "a"
+            learner.send_multipart([peer, *reply])
+        thread.join()
+        assert joined[0]["trajectory_endpoints"] == ["tcp://127.0.0.1:2"]
+        assert dict(client.stats["invalid"]) == {"too_deep": 1, "bad_welcome": 2}
+    finally:
+        client.close()
+        learner.close()
+        ctx.term()
 
 
 ACTOR = r"""
