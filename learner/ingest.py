@@ -112,18 +112,27 @@ class Inbox:
     received segment goes to `on_segment(segment, lag)` (metrics). `drops` counts dropped
     segments by reason: stale, future_version (made by a learner run this one never was, e.g.
     before a restart) and invalid (refused by the receiver's checks).
+
+    `watchdog()` (optional) is called on entry and at least every 200 ms while waiting: it raises
+    when something the learner needs has died (rank 0's server threads), so a learner whose
+    actors can no longer join or get weights stops with that error instead of waiting for ever.
     """
 
-    def __init__(self, receiver, max_policy_lag: int, on_segment=None):
+    def __init__(self, receiver, max_policy_lag: int, on_segment=None, watchdog=None):
         self.receiver = receiver
         self.max_policy_lag = max_policy_lag
         self.buffer = ColumnBuffer(max_policy_lag)
         self.on_segment = on_segment
+        self.watchdog = watchdog
         self._stale = self._future = 0
 
     def fill(self, n: int, version: int, stop) -> bool:
         self.buffer.drop_stale(version)
-        while self.buffer.columns < n:
+        while True:
+            if self.watchdog is not None:
+                self.watchdog()
+            if self.buffer.columns >= n:
+                return True
             if stop.is_set():
                 return False
             seg = self.receiver.recv(timeout_ms=200)
@@ -139,7 +148,6 @@ class Inbox:
                 self.buffer.add(seg.arrays, made_by)
                 if self.on_segment is not None:
                     self.on_segment(seg, lag)
-        return True
 
     def take(self, n: int) -> Batch:
         return self.buffer.take(n)

@@ -62,11 +62,11 @@ def run(cfg: Config) -> int:
     step, version, env_steps, ema = _restore(engine, resume_from, cfg, rank)
     metrics = Metrics(str(run_dir / "tb") if rank == 0 else None, cfg.learner.max_steps,
                       cfg.logging.progress, start_step=step, env_steps=env_steps)
-    vocab = engine.module.action_tokenizer.vocab_size
-    inbox = Inbox(transport.TrajectoryReceiver(cfg.transport, rank, _segment_spec(cfg, vocab)),
-                  cfg.learner.max_policy_lag, on_segment=metrics.add_segment)
-    endpoints = _all_gather(inbox.receiver.endpoint)
+    receiver = transport.TrajectoryReceiver(cfg.transport, rank, _segment_spec(cfg, engine.module.action_tokenizer))
+    endpoints = _all_gather(receiver.endpoint)
     servers = _serve(cfg, run_dir, policy_dir, endpoints, world, lambda: version, metrics) if rank == 0 else ()
+    inbox = Inbox(receiver, cfg.learner.max_policy_lag, on_segment=metrics.add_segment,
+                  watchdog=lambda: _check_alive(servers))
     publisher = Publisher(ema, servers[1] if servers else None)
     # version 0 is the initial weights; a resumed run serves its checkpoint's EMA weights as saved
     publish_s = publisher.publish(engine, version, step) if resume_from is None else publisher.republish(version, step)
@@ -86,9 +86,8 @@ def run(cfg: Config) -> int:
             publish_s = publisher.publish(engine, version, step)
         scalars = {**group(stats), "time/learner_idle_s": t1 - t0, "time/learner_step_s": t2 - t1,
                    "time/publish_s": publish_s, "train/actor/lr": engine.get_lr()[0], "rollout/version": version}
-        registry = {f"system/actors_{k}": v for k, v in servers[0].counts().items()} if servers else {}
         report = metrics.report(step, scalars, inbox.drops, samples=cols * cfg.actor.rollout_length * world,
-                                device=device, time_up=_time_up(cfg, started), rank0_only=registry)
+                                device=device, time_up=_time_up(cfg, started), rank0_only=_server_figures(servers))
         if cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0:
             _save(engine, run_dir, step, version, metrics.env_steps, ema, cfg)
         if report["time_up"] or (cfg.learner.max_env_steps and metrics.env_steps >= cfg.learner.max_env_steps):
@@ -186,14 +185,34 @@ def _micro_per_minibatch(cfg: Config, cols_per_rank: int) -> int:
     return -(-per_minibatch // cfg.learner.micro_batch_size)
 
 
-def _segment_spec(cfg: Config, vocab_size: int) -> SegmentSpec:
+def _segment_spec(cfg: Config, tokenizer) -> SegmentSpec:
+    """What this learner accepts: its shapes, action tokens among the tokenizer's action ids
+    (`update` indexes bins with them), rewards within learner.max_abs_reward."""
     p = cfg.policy
     return SegmentSpec(image_size=p.image_size, instruction_len=p.max_instruction_tokens,
                        num_tokens=p.num_action_chunks * p.action_dim, num_action_chunks=p.num_action_chunks,
                        state_dim=cfg.policy.state_dim,
                        action_level_rewards=cfg.algorithm.reward_type == "action_level",
                        num_steps=cfg.actor.rollout_length,
-                       vocab_size=vocab_size)
+                       vocab_size=tokenizer.vocab_size, first_action_id=tokenizer.first_id,
+                       max_abs_reward=cfg.learner.max_abs_reward)
+
+
+def _check_alive(servers) -> None:
+    """Raise ThreadDied, naming the thread, if a server thread of rank 0 died: without it actors
+    could no longer join or get weights, and training would stall without a word."""
+    for server in servers:
+        server.check()
+
+
+def _server_figures(servers) -> dict:
+    """Rank 0's figures: the actor registry and the requests each server dropped as invalid."""
+    if not servers:
+        return {}
+    control, weights = servers
+    return {**{f"system/actors_{k}": v for k, v in control.counts().items()},
+            "system/dropped_control_invalid": sum(control.stats["invalid"].values()),
+            "system/dropped_weights_invalid": sum(weights.stats["invalid"].values())}
 
 
 def _device() -> torch.device:

@@ -1,15 +1,21 @@
 """The learner's inbox on real ZeroMQ sockets (loopback): the lag rule holds for every column an
 update takes, including columns left over in the buffer while the learner moved on; drops are
-counted by reason. And the rollout plan the learner sends each actor in its welcome."""
+counted by reason; a dead server thread stops the wait with an error naming it. And the rollout
+plan the learner sends each actor in its welcome, and the segment spec it validates against."""
 
 import threading
+import time
 
 import pytest
 
+from asyncvla.common import protocol as P
 from asyncvla.common import transport
 from asyncvla.common.config import Config, TransportConfig
+from asyncvla.common.control import ControlServer, LearnerClient
+from asyncvla.common.sockets import ThreadDied
+from asyncvla.common.weight_channel import WeightServer, WeightSubscriber
 from asyncvla.learner.ingest import ColumnBuffer, Inbox, rollout_plan
-from tests.test_protocol import make_segment, make_spec
+from tests.test_protocol import LIMITS, make_segment, make_spec
 
 SPEC = make_spec(T=2, B=4, H=8, L=4, K=2, D=2)
 
@@ -92,3 +98,56 @@ def test_rollout_plan_in_flight_setting_and_drop_oldest():
     assert rollout_plan(cfg, 1, 8)["max_segments_in_flight"] == 5
     cfg.actor.backpressure = "drop_oldest"
     assert rollout_plan(cfg, 1, 8)["max_segments_in_flight"] == 0         # never waits
+
+
+# ------------------------------------------------------------------ what the learner relies on
+def test_the_learners_spec_refuses_text_ids_as_actions_and_absurd_rewards():
+    from asyncvla.common.policy.action_tokenizer import ActionTokenizer
+    from asyncvla.learner.main import _segment_spec
+    cfg = Config()
+    cfg.policy.image_size, cfg.actor.rollout_length = 8, 2
+    tokenizer = ActionTokenizer(n_bins=256, vocab_size=1024)
+    spec = _segment_spec(cfg, tokenizer)
+    seg = make_segment(spec, B=2, truncations=0, episodes=0)
+    seg.arrays["action_tokens"] = seg.arrays["action_tokens"] % 256 + tokenizer.first_id
+    P.decode_segment(P.encode_segment(seg), spec, LIMITS)
+    for name, value, reason in [("action_tokens", tokenizer.first_id - 1, "bad_token"),
+                                ("rewards", 2 * cfg.learner.max_abs_reward, "bad_reward")]:
+        arrays = dict(seg.arrays, **{name: seg.arrays[name].copy()})
+        arrays[name].flat[0] = value
+        with pytest.raises(P.ValidationError) as err:
+            P.decode_segment(P.encode_segment(P.Segment(seg.meta, arrays)), spec, LIMITS)
+        assert err.value.reason == reason
+
+
+@pytest.mark.parametrize("dead", ["control-server", "weight-server"])
+def test_a_dead_server_thread_stops_the_learner_and_names_it(link, monkeypatch, dead):
+    from asyncvla.learner.main import _check_alive
+
+    def bug(self, *args):                 # not something a peer can cause: a bug of ours
+        raise KeyError("a bug of ours")
+    monkeypatch.setattr(ControlServer if dead == "control-server" else WeightServer,
+                        "_on_message" if dead == "control-server" else "_on_request", bug)
+    receiver, _ = link
+    cfg = TransportConfig(linger_ms=200)
+    servers = (ControlServer(cfg, welcome_fn=lambda hello: {}, endpoint="tcp://127.0.0.1:*"),
+               WeightServer(cfg, endpoint="tcp://127.0.0.1:*"))
+    client = LearnerClient(servers[0].endpoint, "a", cfg)
+    subscriber = WeightSubscriber(servers[1].endpoint, cfg)
+    stop = threading.Event()
+    timer = threading.Timer(20, stop.set)          # without a watchdog, fill would wait for data for ever
+    timer.start()
+    try:
+        client.join(timeout=0.2)                   # a hello, and a weights request, reach the servers
+        inbox = Inbox(receiver, 4, watchdog=lambda: _check_alive(servers))
+        started = time.monotonic()
+        with pytest.raises(ThreadDied, match=f"the {dead} thread died: KeyError"):
+            inbox.fill(4, 0, stop)
+        assert time.monotonic() - started < 5
+        servers[dead == "control-server"].check()                   # the other one is fine
+    finally:
+        timer.cancel()
+        client.close()
+        subscriber.close()
+        servers[0].close(notify=False)
+        servers[1].close()
