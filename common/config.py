@@ -93,6 +93,10 @@ class PolicyConfig:
     action_dim: int = opt(7, "action dimensions D per env step (must match the env)", ge=1)
     num_action_chunks: int = opt(4, "env steps K per policy action (action chunk)", ge=1)
     n_bins: int = opt(256, "uniform bins over [action_low, action_high] per action dimension", ge=2)
+    action_head: str = opt("autoregressive", "how the N = K*D action tokens are predicted: "
+                           "autoregressive (one token per forward pass, each fed back) or parallel (all "
+                           "at once from N learned action queries after the prompt, as OpenVLA-OFT)",
+                           choices=["autoregressive", "parallel"])
     action_low: List[float] = opt([-1.0], "lower end of the binned action range, per dimension (one "
                                   "value: every dimension); `asyncvla sft` with sft.action_range=q99 "
                                   "sets it from the demos, and a saved policy keeps its own")

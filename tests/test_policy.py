@@ -1,14 +1,17 @@
-"""The VLA policy on the tiny Idefics3 backbone: log-prob agreement of act and evaluate, the action
-tokenizer, LoRA / trainable tensors, save and load, input errors, a gradient step."""
+"""The VLA policy on the tiny Idefics3 backbone: log-prob agreement of act and evaluate (both action
+heads), the action tokenizer, LoRA / trainable tensors, save and load, input errors, a gradient step,
+and what the parallel head promises (one pass per act, no sampled token fed back)."""
 
 import os
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from asyncvla.common.config import PolicyConfig
 from asyncvla.common.policy import ActionTokenizer, VLAPolicy, reduce_logprobs, token_logprobs
+from asyncvla.common.policy.action_head import query_attention_mask
 from asyncvla.common.policy.backbone import write_tiny_backbone
 
 # Different lengths (including empty) so that left padding matters.
@@ -29,7 +32,7 @@ def perturb(policy, seed):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in policy.named_parameters():
-            if ".lora_B" in name or name.startswith("value_head."):
+            if ".lora_B" in name or name.startswith(("value_head.", "action_queries.")):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.05)
     return policy
 
@@ -37,6 +40,17 @@ def perturb(policy, seed):
 @pytest.fixture(scope="module")
 def policy():
     return perturb(VLAPolicy.build(PolicyConfig()), seed=1)
+
+
+@pytest.fixture(scope="module", params=["autoregressive", "parallel"])
+def either(request):
+    """A perturbed policy with each action head."""
+    return perturb(VLAPolicy.build(PolicyConfig(action_head=request.param)), seed=1)
+
+
+@pytest.fixture(scope="module")
+def parallel():
+    return perturb(VLAPolicy.build(PolicyConfig(action_head="parallel")), seed=5)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +132,8 @@ def test_token_logprobs_equal_masked_full_vocabulary_softmax():
 
 # ------------------------------------------------------------------------- act / evaluate
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_evaluate_reproduces_act_logprobs_and_values(policy, temperature):
+def test_evaluate_reproduces_act_logprobs_and_values(either, temperature):
+    policy = either
     image, ids, mask = observation(policy)
     out = policy.act(image, ids, mask, temperature=temperature, generator=torch.Generator().manual_seed(3))
     assert out.actions.shape == (3, K, D) and out.actions.dtype == np.float32
@@ -169,7 +184,8 @@ def test_inputs_accept_torch_and_numpy_and_batch_rows_are_independent(policy):
     assert np.abs(one.logprobs[0] - a.logprobs[1]).max() < 1e-4
 
 
-def test_forward_is_evaluate_and_root_owns_no_parameters(policy):
+def test_forward_is_evaluate_and_root_owns_no_parameters(either):
+    policy = either
     image, ids, mask = observation(policy)
     tokens = policy.act(image, ids, mask, greedy=True).action_tokens
     with torch.no_grad():
@@ -267,12 +283,15 @@ def test_tiny_backbone_is_an_ordinary_checkpoint(tmp_path, fresh):
     assert np.array_equal(a.action_tokens, b.action_tokens) and np.array_equal(a.logprobs, b.logprobs)
 
 
-def test_save_pretrained_round_trip_gives_identical_outputs(tmp_path, policy):
+def test_save_pretrained_round_trip_gives_identical_outputs(tmp_path, either):
+    policy = either
     path = str(tmp_path / "vla")
     policy.save_pretrained(path)
     for name in ("policy.json", "heads.safetensors", "adapter/adapter_model.safetensors",
                  "backbone/config.json", "backbone/model.safetensors", "backbone/tokenizer.json"):
         assert os.path.isfile(os.path.join(path, name)), name
+    heads = load_file(os.path.join(path, "heads.safetensors"))
+    assert ("action_queries.weight" in heads) == (policy.cfg.action_head == "parallel")
     loaded = VLAPolicy.from_pretrained(path)
     image, ids, mask = observation(policy)
     a, b = policy.act(image, ids, mask, greedy=True), loaded.act(image, ids, mask, greedy=True)
@@ -282,11 +301,15 @@ def test_save_pretrained_round_trip_gives_identical_outputs(tmp_path, policy):
                     evaluate_np(loaded, image, ids, mask, a.action_tokens, "action_level")):
         assert np.array_equal(x, y)
     # As policy.pretrained_path it continues as saved; a structural mismatch is named.
-    again = VLAPolicy.build(PolicyConfig(pretrained_path=path, temperature=0.5))
+    head = policy.cfg.action_head
+    again = VLAPolicy.build(PolicyConfig(pretrained_path=path, temperature=0.5, action_head=head))
     assert again.temperature == 0.5
     assert np.array_equal(again.act(image, ids, mask, greedy=True).action_tokens, a.action_tokens)
     with pytest.raises(ValueError, match="n_bins=128"):
-        VLAPolicy.build(PolicyConfig(pretrained_path=path, n_bins=128))
+        VLAPolicy.build(PolicyConfig(pretrained_path=path, n_bins=128, action_head=head))
+    other = "parallel" if head == "autoregressive" else "autoregressive"
+    with pytest.raises(ValueError, match=f"action_head='{other}'.*saved with action_head='{head}'"):
+        VLAPolicy.build(PolicyConfig(pretrained_path=path, action_head=other))
 
 
 @pytest.mark.parametrize("missing", ["heads.safetensors", "adapter/adapter_model.safetensors", "policy.json",
@@ -337,8 +360,119 @@ def test_cached_sampling_logits_match_the_scoring_pass(policy):
     assert torch.equal(logits.argmax(-1), bins)  # greedy = the mode of every scored position
 
 
-def test_bf16_backbone_keeps_fp32_heads_and_agrees_with_itself(tmp_path):
-    pol = perturb(VLAPolicy.build(PolicyConfig(precision="bf16")), seed=4)
+def test_greedy_act_is_the_mode_of_evaluate(either):
+    image, ids, mask = observation(either)
+    out = either.act(image, ids, mask, greedy=True)
+    with torch.no_grad():
+        ev = either.evaluate(image, ids, mask, None, out.action_tokens)
+    assert np.array_equal(ev.mode_tokens.numpy(), out.action_tokens)
+    sampled = either.act(image, ids, mask, temperature=2.0, generator=torch.Generator().manual_seed(0))
+    assert not np.array_equal(sampled.action_tokens, out.action_tokens)
+
+
+# ------------------------------------------------------------------------- parallel action head
+def lm_passes(policy, *args, **kwargs) -> int:
+    """Forward calls of the language model during one act()."""
+    calls = []
+    hook = policy._vlm.model.text_model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        policy.act(*args, **kwargs)
+    finally:
+        hook.remove()
+    return len(calls)
+
+
+def test_parallel_head_acts_in_one_backbone_pass(parallel, policy):
+    image, ids, mask = observation(parallel)
+    assert lm_passes(parallel, image, ids, mask, generator=torch.Generator().manual_seed(0)) == 1
+    assert lm_passes(parallel, image, ids, mask, greedy=True) == 1
+    # autoregressive: the prompt, N - 1 cached steps and the scoring pass
+    assert lm_passes(policy, image, ids, mask, greedy=True) == N + 1
+
+
+def test_parallel_head_outputs_do_not_depend_on_the_action_tokens(parallel, policy):
+    """Changing every action token but position i leaves the parallel head's numbers for i (and
+    all entropies, values and modes) bit-identical; the autoregressive head's change."""
+    image, ids, mask = observation(parallel)
+    i, rng = N // 2, np.random.default_rng(0)
+    for pol in (parallel, policy):
+        tokens = pol.act(image, ids, mask, generator=torch.Generator().manual_seed(0)).action_tokens
+        first = pol.action_tokenizer.first_id
+        other = (tokens - first + rng.integers(1, 256, tokens.shape)) % 256 + first
+        other[:, i] = tokens[:, i]
+        with torch.no_grad():
+            a = pol.evaluate(image, ids, mask, None, tokens)
+            b = pol.evaluate(image, ids, mask, None, other)
+        same_i = torch.equal(a.logprobs[:, i], b.logprobs[:, i])
+        if pol is parallel:
+            assert same_i and torch.equal(a.entropy, b.entropy) and torch.equal(a.values, b.values)
+            assert torch.equal(a.mode_tokens, b.mode_tokens)
+            assert not torch.equal(a.logprobs, b.logprobs)        # the changed tokens are scored
+        else:
+            assert not same_i
+
+
+def test_action_queries_see_the_prompt_and_each_other_and_the_prompt_not_them(parallel):
+    image, ids, mask = observation(parallel)
+    tokens = parallel.act(image, ids, mask, greedy=True).action_tokens
+    base = evaluate_np(parallel, image, ids, mask, tokens)
+    w = parallel.action_queries.weight
+    saved = w.detach().clone()
+    try:
+        with torch.no_grad():
+            w[-1].add_(1.0)                                       # the last query only
+        moved = evaluate_np(parallel, image, ids, mask, tokens)
+    finally:
+        with torch.no_grad():
+            w.copy_(saved)
+    assert (moved[1][:, 0] != base[1][:, 0]).all()                # the first token sees the last query
+    assert np.array_equal(moved[2], base[2])                      # the value (last prompt token) does not
+    assert (mask == 0).any()
+    padded = np.where(mask == 0, 5, ids)                          # other ids under the padding
+    assert np.array_equal(evaluate_np(parallel, image, padded, mask, tokens)[0], base[0])
+    other = image.copy()
+    other[0] = 255 - other[0]
+    changed = evaluate_np(parallel, other, ids, mask, tokens)[0]
+    assert not np.allclose(changed[0], base[0][0]) and np.array_equal(changed[1:], base[0][1:])
+
+
+def test_query_attention_mask_matches_a_naive_loop():
+    prompt_mask = torch.tensor([[1, 0, 1, 1], [1, 1, 1, 1]])
+    m = query_attention_mask(prompt_mask, 3, torch.float32)
+    assert m.shape == (2, 1, 7, 7) and m.dtype == torch.float32
+    for b, q, k in np.ndindex(2, 7, 7):
+        key = k >= 4 or prompt_mask[b, k] == 1
+        allowed = key and (k <= q or (q >= 4 and k >= 4))
+        assert float(m[b, 0, q, k]) == (0.0 if allowed else torch.finfo(torch.float32).min), (b, q, k)
+
+
+def test_action_queries_train_with_lora_and_ship_with_the_trainable_tensors(parallel, policy):
+    assert policy.action_queries is None and not any("action_queries" in n for n in policy.state_dict())
+    trainable = {n for n, p in parallel.named_parameters() if p.requires_grad}
+    assert "action_queries.weight" in trainable and set(parallel.trainable_state_dict()) == trainable
+    assert len(trainable) == 6 * 4 * 2 + 4 + 1
+    image, ids, mask = observation(parallel)
+    tokens = parallel.act(image, ids, mask, generator=torch.Generator().manual_seed(1)).action_tokens
+    copy = VLAPolicy.build(PolicyConfig(action_head="parallel"))
+    assert not np.array_equal(evaluate_np(copy, image, ids, mask, tokens)[0],
+                              evaluate_np(parallel, image, ids, mask, tokens)[0])
+    copy.load_trainable_state_dict({k: v.numpy() for k, v in parallel.trainable_state_dict().items()})
+    for x, y in zip(evaluate_np(copy, image, ids, mask, tokens), evaluate_np(parallel, image, ids, mask, tokens)):
+        assert np.array_equal(x, y)
+    copy.train()
+    out = copy.evaluate(image, ids, mask, None, tokens, logprob_type="chunk_level")
+    (-out.logprobs.sum()).backward()
+    assert copy.action_queries.weight.grad.abs().sum() > 0
+    opt = torch.optim.SGD([p for p in copy.parameters() if p.requires_grad], lr=1e-2)
+    opt.step()
+    with torch.no_grad():
+        after = copy.evaluate(image, ids, mask, None, tokens, logprob_type="chunk_level")
+    assert (after.logprobs > out.logprobs.detach()).all()
+
+
+@pytest.mark.parametrize("head", ["autoregressive", "parallel"])
+def test_bf16_backbone_keeps_fp32_heads_and_agrees_with_itself(tmp_path, head):
+    pol = perturb(VLAPolicy.build(PolicyConfig(precision="bf16", action_head=head)), seed=4)
     assert pol._vlm.lm_head.weight.dtype == torch.bfloat16
     assert pol.value_head.fc1.weight.dtype == torch.float32
     image, ids, mask = observation(pol, batch=2)

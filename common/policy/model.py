@@ -2,11 +2,13 @@
 
 The VLM (Idefics3 / SmolVLM: SigLIP vision + Llama text) reads the image and the instruction and
 predicts N = K*D action tokens; a value head reads the hidden state of the last prompt token.
-`act` samples the action tokens autoregressively with the KV cache (no grad); `evaluate`
-teacher-forces given action tokens (with grad). Both take their log-probs, entropies and values
-from one function, `_score` (a teacher-forced pass turned into numbers by `token_logprobs`), at the
-same temperature (`policy.temperature` unless overridden), so the learner's log-probs of the
-behaviour tokens reproduce the actor's exactly for the same weights and inputs.
+With `policy.action_head=autoregressive`, `act` samples the action tokens one by one with the KV
+cache (no grad) and `evaluate` teacher-forces given action tokens (with grad); with `parallel`
+(action_head.py) both read all N tokens' distributions off one pass over the prompt and N learned
+action queries. Both take their log-probs, entropies and values from one function, `_score` (a
+pass turned into numbers by `token_logprobs`), at the same temperature (`policy.temperature`
+unless overridden), so the learner's log-probs of the behaviour tokens reproduce the actor's
+exactly for the same weights and inputs.
 
 The root module owns no parameters of its own (DeepSpeed ZeRO-3 gathers parameters with hooks on
 submodules), and the VLM's submodules are always called, never their weights read, for the same reason.
@@ -29,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..config import BackboneConfig, PolicyConfig
+from .action_head import ACTION_HEADS, ActionQueries, query_attention_mask
 from .action_tokenizer import ActionTokenizer
 from .backbone import (ImageSpec, base_state_dict, check_backbone_dir, load_backbone, quiet,
                        write_tiny_backbone)
@@ -40,14 +43,15 @@ POLICY_FILE = "policy.json"
 BACKBONE_DIR = "backbone"
 ADAPTER_DIR = "adapter"
 HEADS_FILE = "heads.safetensors"
-HEAD_PREFIXES = ("value_head.", "state_encoder.")
+# Parameters of the policy's own beside the VLM: trained with LoRA too, saved in HEADS_FILE.
+HEAD_PREFIXES = ("value_head.", "state_encoder.", "action_queries.")
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 FORMAT = "asyncvla-vla-policy"
 FORMAT_VERSION = 1
 # Settings that shape the network or its inputs/outputs: a checkpoint used as policy.pretrained_path
 # must agree with the config on these.
 STRUCTURAL_KEYS = ("image_size", "action_dim", "num_action_chunks", "n_bins", "max_instruction_tokens",
-                   "state_dim", "is_lora", "lora_rank", "value_encoder")
+                   "state_dim", "is_lora", "lora_rank", "value_encoder", "action_head")
 
 
 class ActOutput(NamedTuple):
@@ -89,6 +93,13 @@ class VLAPolicy(nn.Module):
                                                 low=tuple(cfg.action_low), high=tuple(cfg.action_high))
         self.value_head = ValueHead(hidden, cfg.value_head_hidden, cfg.value_encoder)
         self.state_encoder = StateEncoder(cfg.state_dim, hidden) if cfg.state_dim > 0 else None
+        if cfg.action_head not in ACTION_HEADS:
+            raise ValueError(f"policy.action_head={cfg.action_head!r} is not allowed; choose one of "
+                             f"{list(ACTION_HEADS)}")
+        # Built last, so that an autoregressive policy's init draws the same numbers as before.
+        self.action_queries = (ActionQueries(self.num_action_tokens, hidden,
+                                             getattr(vlm.config.text_config, "initializer_range", 0.02))
+                               if cfg.action_head == "parallel" else None)
         vc = vlm.config.vision_config
         image_seq_len = (vc.image_size // vc.patch_size) ** 2 // vlm.config.scale_factor ** 2
         self.layout = make_layout(tokenizer, vlm.config.image_token_id, image_seq_len,
@@ -206,16 +217,22 @@ class VLAPolicy(nn.Module):
     @torch.no_grad()
     def act(self, image, ids, mask, state=None, temperature: float | None = None, greedy: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:
-        """Sample a chunk of actions (numpy outputs). Tokens are drawn one by one with the KV cache from
-        softmax(logits / T) over the action ids (T = policy.temperature unless given); greedy takes the
-        argmax. The reported log-probs (under T, greedy too) and values then come from one
-        teacher-forced pass over the sampled tokens: the computation `evaluate` does, so actor and
-        learner agree to the last bit on the same inputs (the cached logits differ by rounding only)."""
+        """Sample a chunk of actions (numpy outputs) from softmax(logits / T) over the action ids
+        (T = policy.temperature unless given); greedy takes the argmax. Autoregressive head: tokens
+        are drawn one by one with the KV cache, and the reported log-probs (under T, greedy too) and
+        values then come from one teacher-forced pass over the sampled tokens: the computation
+        `evaluate` does, so actor and learner agree to the last bit on the same inputs (the cached
+        logits differ by rounding only). Parallel head: one pass gives every token's distribution;
+        all are sampled and scored from it, and `evaluate` makes that same pass."""
         temperature = self.temperature if temperature is None else temperature
         image, ids, mask, state = self._inputs(image, ids, mask, state)
         prompt = self._prompt(image, ids, mask, state)
-        bins = self._sample(prompt, temperature, greedy, generator)
-        logp, _, values, _ = self._score(prompt, bins, temperature)
+        if self.action_queries is not None:
+            forward = self._query_pass(prompt)
+            bins = self._choose(forward[0], temperature, greedy, generator)
+        else:
+            forward, bins = None, self._sample(prompt, temperature, greedy, generator)
+        logp, _, values, _ = self._score(prompt, bins, temperature, forward)
         tokens = bins + self.action_tokenizer.first_id
         actions = self.action_tokenizer.from_bins(bins.cpu()).reshape(
             -1, self.cfg.num_action_chunks, self.cfg.action_dim)
@@ -223,7 +240,8 @@ class VLAPolicy(nn.Module):
 
     def evaluate(self, image, ids, mask, state, action_tokens, logprob_type: str = "token_level",
                  temperature: float | None = None) -> EvalOutput:
-        """Teacher-forced log-probs, entropies and values of given action tokens (with grad).
+        """Log-probs, entropies and values of given action tokens (with grad): teacher-forced with the
+        autoregressive head; the one query pass with the parallel head (the tokens are not its input).
         Log-probs are under softmax(logits / T), T = policy.temperature unless given, as in `act`."""
         temperature = self.temperature if temperature is None else temperature
         image, ids, mask, state = self._inputs(image, ids, mask, state)
@@ -372,9 +390,19 @@ class VLAPolicy(nn.Module):
                 out = self._decode(embeds, attn, pos, cache=out.past_key_values, use_cache=True)
         return torch.stack(bins, 1)
 
-    def _score(self, prompt, bins: torch.Tensor, temperature: float):
-        """Teacher-forced pass over prompt + action tokens -> token log-probs [B, N], entropies [B, N],
-        values [B], most likely bins [B, N]. The single place where act and evaluate get their numbers."""
+    def _score(self, prompt, bins: torch.Tensor, temperature: float, forward=None):
+        """Log-probs of `bins` [B, N], entropies [B, N], values [B] and most likely bins [B, N] from
+        the head's pass (`forward` = its (logits, values) when already made). The single place where
+        act and evaluate get their numbers."""
+        if forward is None:
+            forward = self._query_pass(prompt) if self.action_queries is not None \
+                else self._teacher_forced_pass(prompt, bins)
+        logits, values = forward
+        logp, entropy = token_logprobs(logits, bins, temperature)
+        return logp, entropy, values, logits.detach().argmax(-1)
+
+    def _teacher_forced_pass(self, prompt, bins: torch.Tensor):
+        """Prompt + action tokens -> action logits [B, N, n_bins], values [B] (autoregressive head)."""
         embeds, attn, pos, image = prompt
         p, n = embeds.shape[1], self.num_action_tokens
         # The last action token predicts nothing we score, so it is not fed.
@@ -382,9 +410,19 @@ class VLAPolicy(nn.Module):
         attn = torch.cat([attn, attn.new_ones(attn.shape[0], n - 1)], 1)
         pos = torch.cat([pos, pos[:, -1:] + torch.arange(1, n, device=pos.device)], 1)
         hidden = self._decode(embeds, attn, pos, cache=None, use_cache=False).last_hidden_state
-        logits = self._action_logits(hidden[:, p - 1:])
-        logp, entropy = token_logprobs(logits, bins, temperature)
-        return logp, entropy, self.value_head(hidden[:, p - 1], image), logits.detach().argmax(-1)
+        return self._action_logits(hidden[:, p - 1:]), self.value_head(hidden[:, p - 1], image)
+
+    def _query_pass(self, prompt):
+        """Prompt + N action queries -> action logits [B, N, n_bins], values [B] (parallel head):
+        the hidden state at query i predicts token i; the value reads the last prompt token, which
+        does not see the queries."""
+        embeds, attn, pos, image = prompt
+        (b, p, _), n = embeds.shape, self.num_action_tokens
+        embeds = torch.cat([embeds, self.action_queries(b, embeds.dtype)], 1)
+        pos = torch.cat([pos, pos[:, -1:] + torch.arange(1, n + 1, device=pos.device)], 1)
+        attn = query_attention_mask(attn, n, embeds.dtype)
+        hidden = self._decode(embeds, attn, pos, cache=None, use_cache=False).last_hidden_state
+        return self._action_logits(hidden[:, p:]), self.value_head(hidden[:, p - 1], image)
 
     def _pixels(self, image: torch.Tensor) -> torch.Tensor:
         """uint8 [B, H, W, 3] -> normalised [B, 3, h, w] as the checkpoint's image processor would."""
@@ -432,12 +470,14 @@ class VLAPolicy(nn.Module):
 
     @staticmethod
     def _choose(logits: torch.Tensor, temperature: float, greedy: bool, generator) -> torch.Tensor:
+        """Bins [...] from action logits [..., n_bins]."""
         if greedy:
             return logits.argmax(-1)
         probs = action_log_softmax(logits, temperature).exp()
         if generator is not None and generator.device != probs.device:
             probs = probs.to(generator.device)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
+        drawn = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator)
+        return drawn.view(probs.shape[:-1]).to(logits.device)
 
 
 # ------------------------------------------------------------------------------- helpers
