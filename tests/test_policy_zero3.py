@@ -1,6 +1,6 @@
 """The policy inside a real DeepSpeed ZeRO-3 engine (one CPU rank, in a child process so its process
-group stays out of the test session): the engine's forward is evaluate, a step trains, and the
-gathered trainable tensors make a plain copy produce the engine's outputs."""
+group stays out of the test session), with each action head: the engine's forward is evaluate, a
+step trains, and the gathered trainable tensors make a plain copy produce the engine's outputs."""
 
 import os
 import socket
@@ -8,12 +8,15 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent("""
-    import numpy as np, torch, deepspeed, torch.distributed as dist
+    import sys, numpy as np, torch, deepspeed, torch.distributed as dist
     from asyncvla.common.config import PolicyConfig
     from asyncvla.common.policy import VLAPolicy
 
-    policy = VLAPolicy.build(PolicyConfig())
+    cfg = PolicyConfig(action_head=sys.argv[1])
+    policy = VLAPolicy.build(cfg)
     image = np.random.default_rng(0).integers(0, 256, (4, 64, 64, 3), dtype=np.uint8)
     ids, mask = policy.tokenize(["push the cube to the goal region", "lift the peg"] * 2)
     tokens = policy.act(image, ids, mask, generator=torch.Generator().manual_seed(0)).action_tokens
@@ -25,6 +28,8 @@ SCRIPT = textwrap.dedent("""
                                       model_parameters=[p for p in policy.parameters() if p.requires_grad])
     vision = policy._vlm.model.vision_model.embeddings.patch_embedding.weight
     assert vision.numel() == 0, "ZeRO-3 did not partition the backbone"
+    queries = policy.action_queries
+    assert queries is None or queries.weight.numel() == 0, "ZeRO-3 did not partition the action queries"
     out = engine(image, ids, mask, None, tokens)
     assert torch.allclose(out.logprobs, ref.logprobs, atol=1e-5)
     assert torch.allclose(out.values, ref.values, atol=1e-5)
@@ -36,7 +41,9 @@ SCRIPT = textwrap.dedent("""
     trainable = [p for n, p in policy.named_parameters() if p.requires_grad]
     with deepspeed.zero.GatheredParameters(trainable):
         shipped = policy.trainable_state_dict()
-    copy = VLAPolicy.build(PolicyConfig())
+    copy = VLAPolicy.build(cfg)
+    if queries is not None:  # trained and shipped with the LoRA tensors
+        assert not torch.equal(shipped["action_queries.weight"], copy.action_queries.weight)
     copy.load_trainable_state_dict(shipped)
     with torch.no_grad():
         mine = copy.evaluate(image, ids, mask, None, tokens, logprob_type="chunk_level")
@@ -53,9 +60,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_policy_trains_inside_a_zero3_engine():
+@pytest.mark.parametrize("head", ["autoregressive", "parallel"])
+def test_policy_trains_inside_a_zero3_engine(head):
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(_free_port()))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, head], env=env, capture_output=True, text=True,
                           timeout=500)
     assert proc.returncode == 0 and "ZERO3-OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
