@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,8 +30,9 @@ def train_pixel_task(out_dir: Path, name: str, overrides: list[str], timeout: fl
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_train_pixel_task_end_to_end(tmp_path):
-    r = train_pixel_task(tmp_path, "e2e", [
+@pytest.mark.parametrize("head", ["autoregressive", "parallel"])
+def test_train_pixel_task_end_to_end(tmp_path, head):
+    r = train_pixel_task(tmp_path, "e2e", [f"policy.action_head={head}",
         "learner.max_steps=3", "learner.batch_trajectories=4", "learner.micro_batch_size=16",
         "actor.num_envs=4", "actor.rollout_length=4", "checkpoint.save_interval=2",
         "launch.num_local_actors=1", "algorithm.num_minibatches=1",
