@@ -2,23 +2,31 @@
 
     <run>/checkpoints/
         step_00000050/          DeepSpeed's files of one save (every rank's shards) + COMPLETE.json
-        latest_complete         name of the newest complete tag (ours, replaced atomically)
+        latest_complete         name of the newest complete tag (for people; resuming scans the tags)
         latest                  the same, for DeepSpeed's own tools (zero_to_fp32.py)
         zero_to_fp32.py         DeepSpeed's script: full fp32 weights out of a ZeRO checkpoint
 
 DeepSpeed writes its `latest` before the ranks have finished writing (issues #1793, #5405), so a
-crash can leave it naming a half-written tag. Here every rank writes, all meet at a barrier, rank
-0 checks that each rank's files are on disk and only then writes the tag's completion marker
-(listing every file and its size) and moves the pointers. Resuming accepts only a tag whose
-marker exists and whose files are all present with the recorded sizes. The checkpoints folder
-must be on a filesystem every rank sees (as DeepSpeed's own loading assumes).
+crash can leave it naming a half-written tag. Here every rank writes, all meet, rank 0 checks that
+each rank's files are on disk and only then writes the tag's completion marker (listing every file
+and its size) and moves the pointers. Resuming takes the newest tag whose marker exists and whose
+files are all present with the recorded sizes; the pointers are not trusted (a crash between marker
+and pointer leaves them one save behind). The checkpoints folder must be on a filesystem every rank
+sees (as DeepSpeed's own loading assumes).
 
-client_state (step, version, env steps, EMA, RNG, config) is stored under one key of DeepSpeed's
-state file, so `load` hands it back without DeepSpeed's own keys.
+A save that cannot be written (disk full, no permission: on any rank) does not end the run: every
+rank learns of it, the partial tag is deleted and `save` returns None; the next save tries again.
+
+client_state (step, version, env steps, EMA, config) is stored under one key of DeepSpeed's state
+file, so `load` hands it back without DeepSpeed's own keys; every rank's random generators under
+another, and `load` restores each rank's own. State files are read with torch.load(weights_only=True):
+a checkpoint that holds an arbitrary pickled object (which could run code when unpickled) is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import logging
 import os
@@ -39,6 +47,14 @@ from asyncvla.common.rundir import CHECKPOINTS  # noqa: E402  (the run layout's 
 MARKER = "COMPLETE.json"
 POINTER = "latest_complete"
 CLIENT_KEY = "asyncvla_client_state"
+RNG_KEY = "asyncvla_rng_states"          # {rank: rng_state()} of the ranks whose state file it is
+# Globals a state file may name beyond tensors and plain containers: DeepSpeed's optimizer shards
+# hold its loss scaler, ZeRO stage and (ZeRO-1/2) fragment addresses; RNG states of older
+# checkpoints hold numpy arrays. A DeepSpeed version that writes more needs them added here.
+SAFE_GLOBALS = frozenset({
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum", "deepspeed.utils.tensor_fragment.fragment_address",
+    "numpy.core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype"})
 TAG_RE = re.compile(r"^step_(\d{8,})$")
 
 
@@ -51,11 +67,13 @@ def tag_name(step: int) -> str:
 
 
 # ------------------------------------------------------------------------------------------ save
-def save(engine, run_dir, step: int, client_state: dict, keep_last: int = 3) -> Path:
+def save(engine, run_dir, step: int, client_state: dict, keep_last: int = 3) -> Path | None:
     """Save a checkpoint of every rank (a collective: all ranks call it) and mark it complete.
 
-    Returns the tag directory. After it returns the tag is complete on every rank; then all but
-    the newest `keep_last` complete tags (and any incomplete leftovers) are deleted.
+    Returns the tag directory, complete on every rank; then all but the newest `keep_last` complete
+    tags (and any incomplete leftovers) are deleted. Returns None on every rank when any rank could
+    not write its part (disk full, permission, ...): the error is logged, the partial tag deleted,
+    and the caller goes on (the next save tries again).
     """
     import torch.distributed as dist
 
@@ -63,36 +81,147 @@ def save(engine, run_dir, step: int, client_state: dict, keep_last: int = 3) -> 
     root = Path(run_dir) / CHECKPOINTS
     tag = tag_name(step)
     tag_dir = root / tag
+    t0 = time.perf_counter()
+    setup = [_prepare(root, tag_dir, keep_last) if rank == 0 else None]
+    dist.broadcast_object_list(setup, src=0)       # all go into DeepSpeed's collective save, or none
+    if setup[0] is not None:
+        return _failed(tag_dir, rank, setup[0])
+
+    errors: list[str] = []
+    with _write_errors_kept(engine, errors):
+        engine.save_checkpoint(str(root), tag=tag, save_latest=False,
+                               client_state={CLIENT_KEY: client_state, RNG_KEY: _rng_states(engine, rank, world)})
+    engine._asyncvla_saved = True       # see load(): ZeRO-3 cannot load into an engine that saved
+    written = errors[0] if errors else _own_files(engine, root, tag)
+    if not errors:
+        try:
+            for name in written:
+                _fsync(tag_dir / name)   # on disk before the marker can claim they are
+        except OSError as e:
+            written = _first_line(e)
+    reports = [None] * world
+    dist.all_gather_object(reports, written)       # every rank's files, or why it has none
+
+    verdict = [None]
     if rank == 0:
+        verdict[0] = _commit(engine, tag_dir, reports, step, world, keep_last)
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        return _failed(tag_dir, rank, verdict[0])
+    log.info("checkpoint %s complete (%.2f s)", tag_dir, time.perf_counter() - t0)
+    return tag_dir
+
+
+def _prepare(root: Path, tag_dir: Path, keep_last: int) -> str | None:
+    """Rank 0, before the save: an empty place for the tag and room for it. None, or the problem."""
+    try:
         root.mkdir(parents=True, exist_ok=True)
         if tag_dir.exists():        # left by an earlier branch of this run: never mix two saves
             _remove_tag(tag_dir)
-    dist.barrier()
+        make_room(root, keep_last)
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    return None
 
-    t0 = time.perf_counter()
-    ok = engine.save_checkpoint(str(root), tag=tag, client_state={CLIENT_KEY: client_state},
-                                save_latest=False)
-    engine._asyncvla_saved = True       # see load(): ZeRO-3 cannot load into an engine that saved
-    written = _own_files(engine, root, tag) if ok is not False else None
-    for name in written or ():
-        _fsync(tag_dir / name)           # on disk before the marker can claim they are
-    dist.barrier()                       # every rank's files are written (or it failed)
-    reports = [None] * world
-    dist.all_gather_object(reports, written)
 
-    problem = None
-    if rank == 0:
-        problem = _check_written(tag_dir, reports)
-        if problem is None:
+def _commit(engine, tag_dir: Path, reports: list, step: int, world: int, keep_last: int) -> str | None:
+    """Rank 0, after every rank wrote: mark the tag complete and prune, or delete it. None, or
+    the reason the tag was deleted."""
+    problem = _check_written(tag_dir, reports)
+    if problem is None:
+        try:
             mark_complete(tag_dir, [name for r in reports for name in r], step=step, world_size=world,
                           zero_stage=engine.zero_optimization_stage(), bf16=engine.bfloat16_enabled())
-            prune(root, keep=keep_last, current=tag)
-    verdict = [problem]
-    dist.broadcast_object_list(verdict, src=0)
-    if verdict[0] is not None:
-        raise CheckpointError(f"checkpoint {tag_dir} was not written completely: {verdict[0]}")
-    log.info("checkpoint %s complete (%.2f s)", tag_dir, time.perf_counter() - t0)
-    return tag_dir
+        except OSError as e:
+            if check_complete(tag_dir) is not None:      # a marker on disk commits the tag
+                problem = f"the completion marker could not be written: {type(e).__name__}: {e}"
+            else:
+                log.warning("checkpoint %s complete but its pointers not moved (%s)", tag_dir, e)
+    if problem is not None:
+        _remove_tag(tag_dir)
+        return problem
+    try:
+        prune(tag_dir.parent, keep=keep_last, current=tag_dir.name)
+    except OSError as e:
+        log.warning("old checkpoints could not be deleted: %s", e)
+    return None
+
+
+def _failed(tag_dir: Path, rank: int, problem: str) -> None:
+    if rank == 0:
+        latest = _complete_tags(tag_dir.parent)
+        with contextlib.suppress(OSError):
+            problem += f"; {shutil.disk_usage(tag_dir.parent).free / 1e9:.2f} GB free there"
+        log.error("checkpoint %s NOT saved (%s); deleted what was written, training goes on, the next "
+                  "save tries again; newest complete checkpoint: %s", tag_dir, problem,
+                  latest[-1].name if latest else "none")
+    return None
+
+
+@contextlib.contextmanager
+def _write_errors_kept(engine, errors: list):
+    """Inside, a failed file write of DeepSpeed's save is recorded in `errors` instead of raised.
+    Its save is a collective: a rank that raised out of it would skip the barrier the others wait
+    in. torch.save reports a full disk as a RuntimeError ("file write failed"), a missing
+    folder as one too; the open itself as an OSError."""
+    def kept(write):
+        def call(*args, **kwargs):
+            try:
+                return write(*args, **kwargs)
+            except (OSError, RuntimeError) as e:
+                errors.append(_first_line(e))
+        return call
+
+    # every shard and states file; rank 0's copy of zero_to_fp32.py
+    targets = [(engine.checkpoint_engine, "save"), (engine, "_copy_recovery_script")]
+    before = [vars(obj).get(name) for obj, name in targets]
+    for obj, name in targets:
+        setattr(obj, name, kept(getattr(obj, name)))
+    try:
+        yield
+    finally:
+        for (obj, name), own in zip(targets, before):
+            if own is None:
+                delattr(obj, name)                  # the class's method again
+            else:
+                setattr(obj, name, own)
+
+
+def _rng_states(engine, rank: int, world: int) -> dict:
+    """{rank: rng_state()} for the state file(s) DeepSpeed writes: under ZeRO-3 each rank writes
+    its own and keeps its own generators there; otherwise rank 0's file alone carries every rank's."""
+    own = rng_state()
+    if engine.zero_optimization_partition_weights():
+        return {rank: own}
+    import torch.distributed as dist
+    states = [None] * world
+    dist.all_gather_object(states, own)
+    return dict(enumerate(states))
+
+
+def make_room(root: Path, keep: int) -> None:
+    """When the free space would not hold another checkpoint the size of the newest one (+10 %),
+    delete ahead of the save what pruning after it would delete: incomplete leftovers and all but
+    the newest `keep` - 1 complete tags. The newest complete tag is never deleted before a new one
+    is complete, so with keep=1 a save that does not fit fails instead."""
+    complete = _complete_tags(root)
+    if not complete:
+        return
+    need = int(_tag_bytes(complete[-1]) * 1.1)
+    if shutil.disk_usage(root).free >= need:
+        return
+    doomed = [d for d in _tag_dirs(root) if d not in complete] + complete[:-max(keep - 1, 1)]
+    for d in doomed:
+        _remove_tag(d)
+        log.warning("deleted checkpoint %s before the save to make room", d)
+    free = shutil.disk_usage(root).free
+    if free < need:
+        log.warning("only %.2f GB free in %s, the last checkpoint took %.2f GB: this save may fail",
+                    free / 1e9, root, need / 1.1e9)
+
+
+def _tag_bytes(tag_dir: Path) -> int:
+    return sum(read_marker(tag_dir)["files"].values())
 
 
 def _own_files(engine, root: Path, tag: str) -> list[str]:
@@ -107,9 +236,11 @@ def _own_files(engine, root: Path, tag: str) -> list[str]:
 
 
 def _check_written(tag_dir: Path, reports: list) -> str | None:
+    """None if every rank reported its files (and they are there), else what went wrong where."""
+    failed = [f"rank {r}: {names}" for r, names in enumerate(reports) if isinstance(names, str)]
+    if failed:
+        return "; ".join(failed)
     for r, names in enumerate(reports):
-        if names is None:
-            return f"rank {r} reported a failed save_checkpoint"
         for name in names:
             p = tag_dir / name
             if not p.is_file() or p.stat().st_size == 0:
@@ -143,31 +274,39 @@ def prune(root: Path, keep: int, current: str) -> None:
 
 def _remove_tag(tag_dir: Path) -> None:
     # The marker goes first: a half-deleted tag must never look complete.
-    (tag_dir / MARKER).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        (tag_dir / MARKER).unlink(missing_ok=True)
     shutil.rmtree(tag_dir, ignore_errors=True)
 
 
 def _fsync(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return                            # missing: _check_written reports it
+    """Flush a written file to disk; an error means it may not be there (full disk, I/O error)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-    except OSError:
-        pass                              # some filesystems cannot sync a directory
     finally:
         os.close(fd)
 
 
+def _fsync_dir(path: Path) -> None:
+    try:
+        _fsync(path)
+    except OSError:
+        pass                              # some filesystems cannot sync a directory
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync(path.parent)                   # make the rename itself durable
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)               # make the rename itself durable
 
 
 # ------------------------------------------------------------------------------------------ find
@@ -209,12 +348,7 @@ def resolve(path) -> Path:
                                   + _alternatives(p.parent))
         return p
     root = p / CHECKPOINTS if (p / CHECKPOINTS).is_dir() else p
-    pointer = root / POINTER
-    if pointer.is_file():
-        tag = root / pointer.read_text().strip()
-        if tag.is_dir() and check_complete(tag) is None:
-            return tag
-    complete = _complete_tags(root)
+    complete = _complete_tags(root)          # not the pointer: it may be a save behind the markers
     if complete:
         return complete[-1]
     found = _tag_dirs(root)
@@ -247,7 +381,8 @@ def _tag_dirs(root: Path) -> list[Path]:
 
 
 def _complete_tags(root: Path) -> list[Path]:
-    """Complete tags, oldest first by save time (a resumed run may save a lower step later)."""
+    """Complete tags, oldest first by save time: within a run that is step order, but a run resumed
+    from an older tag saves lower steps later, and those are its newest."""
     done = [d for d in _tag_dirs(root) if check_complete(d) is None]
     return sorted(done, key=lambda d: (read_marker(d).get("saved_at", 0.0), d.name))
 
@@ -260,8 +395,9 @@ def _alternatives(root: Path) -> str:
 # ------------------------------------------------------------------------------------------ load
 def load(engine, ckpt_dir, load_optimizer: bool = True) -> dict:
     """Restore weights, optimizer, LR schedule into a freshly built engine (a collective: all ranks)
-    and return the client_state given to `save`. Raises CheckpointError naming the problem
-    (missing, incomplete or damaged checkpoint, other world size or ZeRO stage)."""
+    and each rank's random generators as they were at the save; return the client_state given to
+    `save`. Raises CheckpointError naming the problem (missing, incomplete or damaged checkpoint,
+    other world size or ZeRO stage)."""
     import torch.distributed as dist
 
     problem, tag_dir = None, None
@@ -288,8 +424,13 @@ def load(engine, ckpt_dir, load_optimizer: bool = True) -> dict:
     if CLIENT_KEY not in state:
         raise CheckpointError(f"checkpoint '{tag_dir}' holds no training state of this program "
                               f"(key '{CLIENT_KEY}' missing)")
+    client = state[CLIENT_KEY]
+    # Checkpoints written before RNG_KEY existed hold the learner's generators (rank 0's) in "rng".
+    own = (state.get(RNG_KEY) or {}).get(dist.get_rank(), client.get("rng"))
+    if own is not None:
+        set_rng_state(own)
     log.info("loaded checkpoint %s", tag_dir)
-    return state[CLIENT_KEY]
+    return client
 
 
 def read_client_state(ckpt_dir) -> dict:
@@ -299,14 +440,47 @@ def read_client_state(ckpt_dir) -> dict:
     files = sorted(tag_dir.glob("*mp_rank_00_model_states.pt"))
     if not files:
         raise CheckpointError(f"checkpoint '{tag_dir}' has no rank-0 model states file")
-    try:
-        state = torch.load(files[0], map_location="cpu", weights_only=False)
-    except Exception as e:
-        raise CheckpointError(f"checkpoint file '{files[0]}' could not be read: {type(e).__name__}: {e}") from e
+    state = load_file(files[0])
     if CLIENT_KEY not in state:
         raise CheckpointError(f"checkpoint '{tag_dir}' holds no training state of this program "
                               f"(key '{CLIENT_KEY}' missing)")
     return state[CLIENT_KEY]
+
+
+def load_file(path) -> dict:
+    """One state file of a checkpoint, tensors on the CPU, read with weights_only=True: tensors,
+    plain values and the few SAFE_GLOBALS only. Raises CheckpointError naming the file and what is
+    wrong (an arbitrary pickled object is refused before anything is unpickled)."""
+    try:
+        with torch.serialization.safe_globals(check_pickle(path)):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"checkpoint file '{path}' could not be read: {_first_line(e)}") from None
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).split("WeightsUnpickler error:")[-1]           # torch's own words, after its preamble
+    return f"{type(e).__name__}: {(text.strip().splitlines() or [''])[0]}"
+
+
+def check_pickle(path) -> list:
+    """The SAFE_GLOBALS that the state file at `path` names (for torch.serialization.safe_globals),
+    or a CheckpointError if it names anything else: a checkpoint of this program never does, and
+    unpickling it could run any code. Reads the pickle only, not the tensors; a file that is no
+    torch file raises what torch raises."""
+    named = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    refused = sorted(named - SAFE_GLOBALS)
+    if refused:
+        raise CheckpointError(f"checkpoint file '{path}' holds pickled objects of {', '.join(refused)}, which "
+                              "a checkpoint of this program never does; refusing to load it (unpickling "
+                              "could run code)")
+    allowed = [getattr(importlib.import_module(name.rsplit(".", 1)[0]), name.rsplit(".", 1)[1])
+               for name in sorted(named)]
+    if "numpy.dtype" in named:          # the uint32 keys of older RNG states: built, not named
+        allowed.append(type(np.dtype(np.uint32)))
+    return allowed
 
 
 def _check_compatible(engine, tag_dir: Path, world: int) -> str | None:
@@ -331,8 +505,11 @@ def _check_compatible(engine, tag_dir: Path, world: int) -> str | None:
 
 # ------------------------------------------------------------------------------------------- RNG
 def rng_state() -> dict:
-    """This process's random generators (python, numpy, torch, and CUDA when present)."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+    """This process's random generators (python, numpy, torch, and CUDA when present), as tensors
+    and plain values (so that torch.load(weights_only=True) reads them)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": random.getstate(),
+             "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)),
              "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -341,7 +518,8 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, *rest = state["numpy"]               # keys: a tensor, or older checkpoints' array
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -9,6 +9,8 @@ rebuilt from the run's policy_init/ (or from the config when that folder is gone
     weights="trained"  every parameter, consolidated to fp32 from the shards by DeepSpeed's own
                        zero_to_fp32 (the learner's weights at the save)
     weights="ema"      the published EMA weights over those (what the actors were running)
+Every state file is checked before anything in it is unpickled (`checkpoint.check_pickle`): one that
+holds an arbitrary pickled object is refused, since DeepSpeed's zero_to_fp32 unpickles unrestricted.
 An export is a `VLAPolicy.save_pretrained` directory (backbone/ with LoRA merged in, or adapter/
 with --keep-lora; heads.safetensors with the value head; policy.json with the action-token spec)
 plus config.yaml (the run's resolved config, so `eval` knows the env), export.json (where it came
@@ -91,15 +93,19 @@ def consolidate(tag_dir) -> dict[str, torch.Tensor]:
     tag_dir = Path(tag_dir)
     meta = checkpoint.read_marker(tag_dir)
     try:
+        for name in meta["files"]:          # DeepSpeed's zero_to_fp32 unpickles them unrestricted
+            checkpoint.check_pickle(tag_dir / name)
         if meta.get("zero_stage", 3) == 0:       # no ZeRO: rank 0's file holds the whole module
             files = sorted(tag_dir.glob("*mp_rank_00_model_states.pt"))
-            module = torch.load(files[0], map_location="cpu", weights_only=False)["module"]
+            module = checkpoint.load_file(files[0])["module"]
             return {k: v.float() if v.is_floating_point() else v for k, v in module.items()}
         with contextlib.redirect_stdout(sys.stderr):        # its import logs to stdout
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
         # It prints a line per step and draws progress bars: noise around a one-line error.
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             return get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+    except CheckpointError:
+        raise
     except Exception as e:
         last = (str(e).strip().splitlines() or [""])[-1]
         raise CheckpointError(f"checkpoint '{tag_dir}': its ZeRO shards could not be consolidated "

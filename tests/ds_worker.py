@@ -7,13 +7,18 @@ Phases: `train` (ZeRO-3 updates beside an un-sharded reference, gather, EMA, che
 `resume` (a fresh run loads the newest checkpoint and takes the next update), `errors` (a single
 rank meets each kind of bad checkpoint), `policy` (a tiny VLAPolicy trained and checkpointed as
 the learner does it, for tests/test_eval_export.py), `update` (the learner's update and report
-beside hand computations, for tests/test_update.py). Each rank writes what it saw to
+beside hand computations, for tests/test_update.py), `faults` (saves that fail on one rank, at
+ZeRO-2 and 3, then one that succeeds; a really full disk when ASYNCVLA_TINY_DISK names a small
+filesystem) and `faults_resume` (fresh ranks resume those: weights and each rank's own random
+streams), for tests/test_checkpoint.py. Each rank writes what it saw to
 OUT_DIR/<phase>_rank<r>.pt; the tests assert on those records.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import errno
 import random
 import shutil
 import os
@@ -434,6 +439,95 @@ def phase_update(out: Path, rank: int, world: int) -> dict:
             "segment_env_steps": int(segment.meta["env_steps"])}
 
 
+FAULT_STAGES = (2, 3)     # ZeRO-2: rank 0's states file carries every rank's RNG; ZeRO-3: each its own
+
+
+def seed_per_rank(rank: int) -> None:
+    random.seed(10 + rank)
+    np.random.seed(20 + rank)
+    torch.manual_seed(30 + rank)
+
+
+@contextlib.contextmanager
+def disk_full(active: bool):
+    """While active, torch.save into a file on this rank writes part of it, then fails as a full
+    disk does (into memory, as pickling a tensor for a collective does, it works)."""
+    real = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if not isinstance(f, (str, os.PathLike)):
+            return real(obj, f, *args, **kwargs)
+        Path(f).write_bytes(b"\0" * 100)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
+
+    torch.save = save if active else real
+    try:
+        yield
+    finally:
+        torch.save = real
+
+
+def phase_faults(out: Path, rank: int, world: int) -> dict:
+    rec = {}
+    for stage in FAULT_STAGES:
+        cfg = make_config()
+        cfg.learner.zero_stage = stage
+        engine, _ = build(cfg, world)
+        seed_per_rank(rank)                      # every rank its own streams, as in a real run
+        run_dir, saves, tags = out / f"zero{stage}", {}, {}
+        for update, failing_rank in ((1, None), (2, 1), (3, 0), (4, None)):
+            engine_update(engine, update, rank)
+            with disk_full(rank == failing_rank):
+                saves[update] = checkpoint.save(engine, run_dir, update, {"step": update})
+            tags[update] = sorted(d.name for d in (run_dir / "checkpoints").iterdir() if d.is_dir())
+        rec[stage] = {"saves": saves, "tags": tags, "draws": rng_draws(), "trained": gather_trainable(engine)}
+    tiny = os.environ.get("ASYNCVLA_TINY_DISK")
+    if tiny:
+        rec["tiny"] = tiny_disk(Path(tiny), rank, world)
+    return rec
+
+
+def tiny_disk(run_dir: Path, rank: int, world: int) -> dict:
+    """Saves on a small filesystem, filled so that two checkpoints fit and a third does not."""
+    cfg = make_config()
+    engine, _ = build(cfg, world)
+    root = run_dir / "checkpoints"
+    rec = {"saves": {}, "tags": {}}
+
+    def save(update, state):
+        engine_update(engine, update, rank)
+        rec["saves"][update] = checkpoint.save(engine, run_dir, update, state, keep_last=2)
+        rec["tags"][update] = sorted(d.name for d in root.iterdir() if d.is_dir())
+
+    save(1, {"step": 1})
+    if rank == 0:                              # leave room for 1.6 checkpoints
+        tag = root / checkpoint.tag_name(1)
+        size = sum(f.stat().st_blocks * 512 for f in tag.iterdir()) + 4096
+        free = shutil.disk_usage(root).free
+        (run_dir / "ballast").write_bytes(b"\0" * max(free - int(1.6 * size), 0))
+        rec["tag_size"], rec["free_before"] = size, shutil.disk_usage(root).free
+    dist.barrier()
+    save(2, {"step": 2, "ballast": torch.ones(2 ** 18)})     # 1 MiB more than there is room for
+    save(3, {"step": 3})
+    rec["free_after_3"] = shutil.disk_usage(root).free
+    save(4, {"step": 4})                                       # fits only once step 1 is gone
+    return rec
+
+
+def phase_faults_resume(out: Path, rank: int, world: int) -> dict:
+    rec = {}
+    for stage in FAULT_STAGES:
+        cfg = make_config()
+        cfg.learner.zero_stage = stage
+        engine, _ = build(cfg, world)
+        seed_per_rank(99)                        # whatever the streams were, load restores them
+        found = checkpoint.find_latest(out.parent / "faults" / f"zero{stage}")
+        state = checkpoint.load(engine, found)
+        rec[stage] = {"found": str(found), "state": state, "draws": rng_draws(),
+                      "loaded": gather_trainable(engine)}
+    return rec
+
+
 def pg_timeout():
     """The default process group's collective time-out (a torch internal: None if it moved)."""
     try:
@@ -451,7 +545,8 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     t_init = time.perf_counter() - t0
     rec = {"train": phase_train, "resume": phase_resume, "errors": phase_errors,
-           "policy": phase_policy, "update": phase_update}[phase](out, rank, world)
+           "policy": phase_policy, "update": phase_update, "faults": phase_faults,
+           "faults_resume": phase_faults_resume}[phase](out, rank, world)
     rec.update(world=world, init_s=t_init, phase_s=time.perf_counter() - t0)
     torch.save(rec, out / f"rank{rank}.pt")
     ds_engine.close_distributed()

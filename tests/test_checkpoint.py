@@ -1,7 +1,15 @@
-"""Which checkpoint a resume picks, and which ones pruning deletes: the bookkeeping around
-DeepSpeed's files, on tag folders made by hand (the real DeepSpeed round trip is in test_engine)."""
+"""Which checkpoint a resume picks, which ones pruning deletes, what a state file may hold: the
+bookkeeping around DeepSpeed's files, on tag folders made by hand (the real DeepSpeed round trip is
+in test_engine). Then saves that fail, on real 2-rank DeepSpeed runs (tests/ds_worker.py `faults`,
+`faults_resume`): a write that fails on one rank, a really full disk (a small tmpfs, where one can
+be mounted), and each rank's random streams across a resume."""
 
+import collections
+import os
 import random
+import subprocess
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,7 +54,7 @@ def test_a_damaged_newest_tag_is_skipped(tmp_path):
     assert ck.find_latest(root) == t10
 
 
-def test_pointer_wins_over_step_order(tmp_path):
+def test_newest_save_wins_over_step_order(tmp_path):
     """A run resumed from an older tag saves lower step numbers later; the newest save counts."""
     root = tmp_path / "checkpoints"
     make_tag(root, 50)
@@ -54,6 +62,16 @@ def test_pointer_wins_over_step_order(tmp_path):
     assert ck.find_latest(root) == t30
     (root / "latest_complete").unlink()
     assert ck.find_latest(root) == t30                   # by save time, not by step
+
+
+def test_a_crash_between_marker_and_pointer_resumes_the_newer_tag(tmp_path):
+    root = tmp_path / "run" / "checkpoints"
+    make_tag(root, 10)
+    t20 = make_tag(root, 20)
+    for pointer in ("latest_complete", "latest"):        # marker written, pointers still one behind
+        (root / pointer).write_text("step_00000010")
+    assert ck.find_latest(tmp_path / "run") == t20
+    assert ck.resolve(root) == t20
 
 
 def test_resolve_explains_why_nothing_can_be_resumed(tmp_path):
@@ -90,3 +108,159 @@ def test_rng_state_round_trip():
     random.random(), np.random.rand(5), torch.rand(5)
     ck.set_rng_state(state)
     assert (random.random(), np.random.rand(2).tolist(), torch.rand(2).tolist()) == first
+
+
+def test_rng_state_loads_with_weights_only():
+    buf = __import__("io").BytesIO()
+    torch.save(ck.rng_state(), buf)
+    buf.seek(0)
+    state = torch.load(buf, weights_only=True)           # no allow-list needed
+    first = (random.random(), np.random.rand(2).tolist(), torch.rand(2).tolist())
+    ck.set_rng_state(state)
+    assert (random.random(), np.random.rand(2).tolist(), torch.rand(2).tolist()) == first
+
+
+class Payload:
+    """Unpickling it calls os.mkdir: what a hostile checkpoint would do with a worse function."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return os.mkdir, (self.path,)
+
+
+def state_tag(root, step, states: dict, zero_stage=3):
+    """A complete tag whose files hold the given objects (torch.save, as DeepSpeed writes them)."""
+    tag = root / ck.tag_name(step)
+    tag.mkdir(parents=True)
+    for name, obj in states.items():
+        torch.save(obj, tag / name)
+    ck.mark_complete(tag, list(states), step=step, world_size=1, zero_stage=zero_stage, bf16=False)
+    return tag
+
+
+def test_state_files_holding_arbitrary_objects_are_refused(tmp_path):
+    from asyncvla.learner import export
+
+    ran = tmp_path / "payload_ran"
+    client = {"step": 7, "config": {"a": [1, 2.5, "x", None]}, "ema": {"shadow": {"w": torch.ones(2)}}}
+    good = state_tag(tmp_path / "good", 7, {"mp_rank_00_model_states.pt": {ck.CLIENT_KEY: client,
+                                                                          "module": {"w": torch.ones(2).half()}}},
+                     zero_stage=0)
+    assert ck.read_client_state(good)["config"] == client["config"]
+    assert export.consolidate(good)["w"].dtype == torch.float32        # zero_stage 0: one plain file
+
+    bad = state_tag(tmp_path / "bad", 7, {"mp_rank_00_model_states.pt": {ck.CLIENT_KEY: {"x": Payload(ran)}}})
+    with pytest.raises(ck.CheckpointError, match=r"pickled objects of posix\.mkdir.*refusing"):
+        ck.read_client_state(bad)
+    # export consolidates with DeepSpeed's zero_to_fp32, which unpickles unrestricted: checked first
+    shard = state_tag(tmp_path / "shard", 7, {"zero_pp_rank_0_mp_rank_00_model_states.pt": {ck.CLIENT_KEY: client},
+                                              "zero_pp_rank_0_mp_rank_00_optim_states.pt": {"o": Payload(ran)}})
+    assert ck.read_client_state(shard)["step"] == 7
+    with pytest.raises(ck.CheckpointError, match=r"optim_states\.pt' holds pickled objects of posix\.mkdir"):
+        export.consolidate(shard)
+    assert not ran.exists()
+
+
+def test_older_checkpoints_with_numpy_rng_state_still_load(tmp_path):
+    old = {"step": 3, "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                              "torch": torch.get_rng_state()}}
+    tag = state_tag(tmp_path, 3, {"mp_rank_00_model_states.pt": {ck.CLIENT_KEY: old}})
+    state = ck.read_client_state(tag)
+    first = np.random.rand(3)
+    ck.set_rng_state(state["rng"])
+    assert (np.random.rand(3) == first).all()
+
+
+def test_make_room_deletes_ahead_only_when_the_next_save_would_not_fit(tmp_path, monkeypatch):
+    root = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        make_tag(root, step)
+    make_tag(root, 4, complete=False)
+    size = sum(100 + i for i in range(len(FILES)))       # make_tag's bytes per tag
+    free = {"bytes": 10 * size}
+    monkeypatch.setattr(ck.shutil, "disk_usage", lambda p: collections.namedtuple("U", "free")(free["bytes"]))
+    names = lambda: sorted(d.name for d in root.iterdir() if d.is_dir())    # noqa: E731
+    ck.make_room(root, keep=3)
+    assert names() == ["step_00000001", "step_00000002", "step_00000003", "step_00000004"]
+    free["bytes"] = size                                 # < 110 % of the newest tag
+    ck.make_room(root, keep=3)                           # what pruning after the save would delete
+    assert names() == ["step_00000002", "step_00000003"]
+    ck.make_room(root, keep=1)                           # the newest complete one always stays
+    assert names() == ["step_00000003"]
+
+
+# ---------------------------------------------------------------------- real DeepSpeed ranks
+def _mount_tiny_disk(path: Path):
+    """A 4 MiB tmpfs at `path`, or the reason there is none."""
+    path.mkdir()
+    if os.geteuid() != 0:
+        return None, "mounting a tmpfs needs root"
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(path)], capture_output=True, text=True)
+    return (path, None) if r.returncode == 0 else (None, f"cannot mount a tmpfs: {r.stderr.strip()}")
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory):
+    from tests.test_engine import launch
+
+    out = tmp_path_factory.mktemp("faults")
+    tiny, why = _mount_tiny_disk(out / "tiny")
+    if tiny is not None:
+        os.environ["ASYNCVLA_TINY_DISK"] = str(tiny / "run")
+    t0 = time.perf_counter()
+    try:
+        saved = launch("faults", out, 2, timeout=400)
+        tiny_latest = ck.find_latest(tiny / "run") if tiny is not None else None
+    finally:
+        os.environ.pop("ASYNCVLA_TINY_DISK", None)
+        if tiny is not None:
+            subprocess.run(["umount", str(tiny)], check=False)
+    t1 = time.perf_counter()
+    resumed = launch("faults_resume", out, 2, timeout=300)
+    print(f"\nwall: faults {t1 - t0:.1f} s, faults_resume {time.perf_counter() - t1:.1f} s")
+    return {"saved": saved, "resumed": resumed, "tiny_latest": tiny_latest, "no_tiny": why}
+
+
+def test_a_failed_save_on_one_rank_fails_on_all_leaves_nothing_and_the_next_one_resumes(faults):
+    from tests import ds_worker as W
+
+    for stage in W.FAULT_STAGES:
+        for rank in (0, 1):
+            rec = faults["saved"][rank][stage]
+            assert rec["saves"][2] is None and rec["saves"][3] is None, (stage, rank)   # rank 1, rank 0 failed
+            assert rec["saves"][1].name == "step_00000001" and rec["saves"][4].name == "step_00000004"
+            assert rec["tags"][2] == rec["tags"][3] == ["step_00000001"], (stage, rank)  # no partial tag
+            assert rec["tags"][4] == ["step_00000001", "step_00000004"]
+            back = faults["resumed"][rank][stage]
+            assert Path(back["found"]).name == "step_00000004" and back["state"] == {"step": 4}
+        trained, loaded = faults["saved"][0][stage]["trained"], faults["resumed"][0][stage]["loaded"]
+        assert trained.keys() == loaded.keys() and all(torch.equal(trained[k], loaded[k]) for k in trained)
+
+
+def test_each_rank_resumes_its_own_random_streams(faults):
+    from tests import ds_worker as W
+
+    for stage in W.FAULT_STAGES:
+        before = [faults["saved"][r][stage]["draws"] for r in (0, 1)]     # drawn right after the save
+        after = [faults["resumed"][r][stage]["draws"] for r in (0, 1)]
+        assert not torch.equal(before[0]["torch"], before[1]["torch"])     # the ranks' streams differ
+        for r in (0, 1):
+            assert torch.equal(after[r]["torch"], before[r]["torch"]), (stage, r)
+            assert (after[r]["numpy"] == before[r]["numpy"]).all(), (stage, r)
+            assert after[r]["python"] == before[r]["python"], (stage, r)
+
+
+def test_a_full_disk_fails_a_save_and_pruning_ahead_makes_room(faults):
+    if faults["no_tiny"]:
+        pytest.skip(faults["no_tiny"])
+    for rank in (0, 1):
+        t = faults["saved"][rank]["tiny"]
+        assert [t["saves"][u] is not None for u in (1, 2, 3, 4)] == [True, False, True, True], rank
+        assert t["tags"][2] == ["step_00000001"]                          # the partial tag is gone
+        assert t["tags"][3] == ["step_00000001", "step_00000003"]
+        assert t["tags"][4] == ["step_00000003", "step_00000004"]          # step 1 went before the save
+    t0 = faults["saved"][0]["tiny"]
+    assert t0["free_after_3"] < t0["tag_size"]           # without making room first, step 4 did not fit
+    assert faults["tiny_latest"].name == "step_00000004"
