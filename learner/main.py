@@ -9,6 +9,9 @@ weight server. The loop, once per update:
     publish    every publish_interval: gather the trainable weights (all ranks), EMA, serve (rank 0)
     report     every rank's figures combined (one collective), logged by rank 0
     checkpoint every save_interval; stop at the budget (updates, env steps or time)
+At the end — by the budget, or by SIGTERM/SIGINT (`asyncvla train` forwards Ctrl-C as SIGTERM),
+which every rank notices at the same update boundary — a final checkpoint, then a "shutdown"
+to the actors.
 """
 
 from __future__ import annotations
@@ -53,13 +56,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(cfg: Config) -> int:
+    stop = stop_on_signals()           # before the rendezvous, so a stop during start-up is kept
     ds_engine.init_distributed(cfg)
     rank, world, device = dist.get_rank(), dist.get_world_size(), _device()
-    stop = stop_on_signals()
     cols = _check_geometry(cfg, world)                 # trajectory columns per rank and update
     run_dir, resume_from = run_dir_of_config(cfg), _resume_point(cfg)
     engine, policy_dir = _build_engine(cfg, run_dir, cols, device)
     step, version, env_steps, ema = _restore(engine, resume_from, cfg, rank)
+    start_step = step
     metrics = Metrics(str(run_dir / "tb") if rank == 0 else None, cfg.learner.max_steps,
                       cfg.logging.progress, start_step=step, env_steps=env_steps)
     receiver = transport.TrajectoryReceiver(cfg.transport, rank, _segment_spec(cfg, engine.module.action_tokenizer))
@@ -75,7 +79,8 @@ def run(cfg: Config) -> int:
     while step < cfg.learner.max_steps:
         t0 = time.perf_counter()
         inbox.fill(cols, version, stop)
-        if _any_rank(stop.is_set(), device):
+        if _any_rank(stop.is_set(), device):     # one rank's signal stops all at this boundary
+            log.info("stop requested: ending at step %d", step)
             break
         t1 = time.perf_counter()
         stats = update(engine, inbox.take(cols), cfg, device, step)
@@ -93,7 +98,9 @@ def run(cfg: Config) -> int:
         if report["time_up"] or (cfg.learner.max_env_steps and metrics.env_steps >= cfg.learner.max_env_steps):
             break
 
-    if step and (not cfg.checkpoint.save_interval or step % cfg.checkpoint.save_interval):
+    # (a run stopped before its first update has nothing new; re-saving the step it resumed from
+    # would replace the very checkpoint it stands on)
+    if step > start_step and (not cfg.checkpoint.save_interval or step % cfg.checkpoint.save_interval):
         _save(engine, run_dir, step, version, metrics.env_steps, ema, cfg)
     log.info("finished at step %d (version %d)", step, version)
     metrics.close()
@@ -136,7 +143,6 @@ def _restore(engine, resume_from, cfg: Config, rank: int):
         state = checkpoint.load(engine, resume_from)
     except checkpoint.CheckpointError as e:
         raise SystemExit(f"asyncvla learner: {e}")
-    checkpoint.set_rng_state(state["rng"])
     if ema is not None:
         ema.load_state_dict(state["ema"])
     log.info("resumed from %s at step %d, version %d", resume_from, state["step"], state["version"])
@@ -161,7 +167,8 @@ def _serve(cfg: Config, run_dir: Path, policy_dir: Path, endpoints: list, world:
 
 # --------------------------------------------------------------------------------- helpers
 def _save(engine, run_dir, step, version, env_steps, ema, cfg) -> None:
-    state = {"step": step, "version": version, "env_steps": env_steps, "rng": checkpoint.rng_state(),
+    # save() adds every rank's RNG state; a save that fails is logged there and training goes on
+    state = {"step": step, "version": version, "env_steps": env_steps,
              "config": to_dict(cfg), "ema": ema.state_dict() if ema is not None else None}
     checkpoint.save(engine, run_dir, step, state, keep_last=cfg.checkpoint.keep_last)
 
