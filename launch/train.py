@@ -4,9 +4,19 @@ Wiring only: it resolves the config once, starts
     deepspeed [--hostfile H | --num_gpus R] --master_port P --module asyncvla.learner.main RESOLVED.yaml
 and `launch.num_local_actors` actor processes that join the learner over ZeroMQ (plus, with
 `eval.eval_interval`, an evaluator process: actors/evaluator.py), restarts an
-actor that crashes (up to launch.max_actor_restarts), and when the learner ends — by its budget,
-a crash or Ctrl-C — stops every child. Each child runs in its own process group so nothing is
-orphaned.
+actor that crashes (up to launch.max_actor_restarts), and when the learner ends stops every child.
+
+Stopping: Ctrl-C (SIGINT) or SIGTERM asks the learner ranks to stop — SIGTERM to each rank
+directly, because the deepspeed runner dies on it at once and would take the ranks with it. They
+finish the current update, write a final checkpoint, tell the actors ("shutdown") and exit; the
+launcher then names the checkpoint and how to resume (`--resume RUN`) and exits with 0. The ranks
+get --stop-grace-s (60 s by default) for that; a second Ctrl-C, or a learner still running after
+the grace period, kills the run, which then resumes from its last complete checkpoint. With
+--hostfile the ranks on other machines are out of the launcher's reach: a stop kills the run.
+
+Each child runs in its own session, so a stop reaches its whole tree, and gets a parent-death
+signal: a launcher killed with SIGKILL takes every process of the run with it within seconds
+(the learner ranks, its grandchildren, watch its pid: common/signals.py).
 """
 
 from __future__ import annotations
@@ -20,6 +30,10 @@ from pathlib import Path
 
 from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides, to_yaml
 from asyncvla.common.rundir import run_dir as run_dir_of_config
+from asyncvla.common.signals import LAUNCHER_PID_ENV, descendants, die_with_parent, python_module
+
+STOP_GRACE_S = 60.0          # for a stopping learner to finish its update and save (--stop-grace-s)
+LEARNER_MODULE = "asyncvla.learner.main"
 
 
 def add_parser(sub) -> None:
@@ -34,6 +48,9 @@ def add_parser(sub) -> None:
                    help="serialise rollout and training (the synchronous baseline)")
     p.add_argument("--num-learner-ranks", type=int, help="learner ranks on this machine (launch.num_learner_ranks)")
     p.add_argument("--num-actors", type=int, help="local actor processes (launch.num_local_actors)")
+    p.add_argument("--stop-grace-s", type=float, default=STOP_GRACE_S, metavar="S",
+                   help="on Ctrl-C, how long the learner may take to finish its update and write its "
+                        "final checkpoint before the run is killed (default %(default)s)")
     p.set_defaults(func=run)
 
 
@@ -51,16 +68,16 @@ def run(args) -> int:
     except ConfigError as e:
         print(f"asyncvla: config error: {e}", file=sys.stderr)
         return 2
-    return launch(cfg)
+    return launch(cfg, args.stop_grace_s)
 
 
-def launch(cfg: Config) -> int:
+def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
     run_dir = run_dir_of_config(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = run_dir / "launch_config.yaml"
     resolved.write_text(to_yaml(cfg))
     children = Children()
-    _forward_signals(children)
+    stop = StopRequests()
     learner = children.start("learner", learner_command(cfg, resolved))
     control = f"tcp://{_connect_host(cfg)}:{cfg.transport.control_port}"
     keys = cfg.transport.keys_dir
@@ -72,11 +89,11 @@ def launch(cfg: Config) -> int:
         evaluator = children.start("evaluator", evaluator_command(control, run_dir, keys))
     print(f"asyncvla: run dir {run_dir}; tensorboard --logdir {run_dir / 'tb'}", flush=True)
     try:
-        while learner.poll() is None:
+        while learner.poll() is None and not stop.count:
             time.sleep(0.5)
             for i, proc in list(actors.items()):
                 code = proc.poll()
-                if code is None or children.stopping:
+                if code is None or stop.count:
                     continue
                 if cfg.launch.restart_actors and restarts[i] < cfg.launch.max_actor_restarts and code != 0:
                     restarts[i] += 1
@@ -92,13 +109,61 @@ def launch(cfg: Config) -> int:
                         print("asyncvla: every local actor has failed; stopping the run (see the actor "
                               "errors above)", file=sys.stderr, flush=True)
                         return 1
+        if stop.count:
+            return stop_learner(cfg, run_dir, learner, list(actors.values()), evaluator, children, stop,
+                                stop_grace_s)
         if learner.returncode == 0:   # the learner told the actors it is done: let them finish
-            _wait_all(list(actors.values()), timeout=20.0)
+            _wait_all(list(actors.values()), timeout=20.0, stop=stop)
             if evaluator is not None:   # ... and the evaluator its last evaluation
-                _wait_all([evaluator], timeout=cfg.eval.final_eval_timeout_s)
+                _wait_all([evaluator], timeout=cfg.eval.final_eval_timeout_s, stop=stop)
         return learner.returncode
     finally:
         children.stop_all()
+
+
+def stop_learner(cfg: Config, run_dir: Path, learner, actors: list, evaluator, children, stop,
+                 grace_s: float) -> int:
+    """A user's stop: SIGTERM to each learner rank (the ranks agree on an update boundary, save
+    and send the actors "shutdown"), the evaluator stopped at once. Kills the run on a second
+    request or when the learner is still running after `grace_s`."""
+    if cfg.launch.hostfile:
+        print("asyncvla: stopping; the learner ranks of a --hostfile run are out of reach here, so no final "
+              f"checkpoint: resume from the last periodic one with --resume {run_dir}", file=sys.stderr, flush=True)
+        return 1
+    print(f"asyncvla: stopping: the learner finishes its update and saves (up to {grace_s:g} s; "
+          "Ctrl-C again to kill the run now)", file=sys.stderr, flush=True)
+    if evaluator is not None:
+        _signal_group(evaluator, signal.SIGTERM)
+    deadline, asked = time.time() + grace_s, set()
+    while learner.poll() is None:
+        if stop.count > 1 or time.time() > deadline:
+            why = "a second stop request" if stop.count > 1 else f"the learner still running after {grace_s:g} s"
+            print(f"asyncvla: {why}: killing the run; resume from its last complete checkpoint with "
+                  f"--resume {run_dir}", file=sys.stderr, flush=True)
+            children.kill_all()
+            return 1
+        for pid in set(learner_ranks(learner.pid)) - asked:   # ranks may still be starting
+            _signal_pid(pid, signal.SIGTERM)
+            asked.add(pid)
+        time.sleep(0.5)
+    if learner.returncode != 0:
+        print(f"asyncvla: the learner exited with {learner.returncode} while stopping", file=sys.stderr, flush=True)
+        return learner.returncode
+    _wait_all(actors, timeout=20.0, stop=stop)        # they end on the learner's "shutdown"
+    from asyncvla.learner.checkpoint import find_latest    # (torch: imported only when needed)
+    latest = find_latest(run_dir)
+    if latest is None:
+        print("asyncvla: stopped before the first update: no checkpoint to resume from", flush=True)
+    else:
+        print(f"asyncvla: stopped; final checkpoint {latest}; to continue, run the same command with "
+              f"--resume {run_dir}", flush=True)
+    return 0
+
+
+def learner_ranks(runner_pid: int) -> list[int]:
+    """The learner rank processes under the deepspeed runner (runner -> per-node launcher ->
+    ranks), told apart from both launchers, whose command lines name the module too."""
+    return [pid for pid in descendants(runner_pid) if python_module(pid) == LEARNER_MODULE]
 
 
 def learner_command(cfg: Config, resolved_config: Path) -> list[str]:
@@ -108,7 +173,7 @@ def learner_command(cfg: Config, resolved_config: Path) -> list[str]:
     else:
         # On a CPU machine DeepSpeed counts NUMA nodes as devices; --num_gpus sets the rank count.
         ds += ["--num_gpus", str(cfg.launch.num_learner_ranks)]
-    return ds + ["--module", "asyncvla.learner.main", str(resolved_config)]
+    return ds + ["--module", LEARNER_MODULE, str(resolved_config)]
 
 
 def actor_command(control_endpoint: str, index: int, keys_dir: str | None = None) -> list[str]:
@@ -129,38 +194,63 @@ def _connect_host(cfg: Config) -> str:
 
 
 class Children:
-    """Child processes, each in its own session so a stop reaches its whole tree."""
+    """Child processes, each in its own session so a stop reaches its whole tree, each sent
+    SIGTERM by the kernel if the launcher dies (and every process below told the launcher's pid)."""
 
     def __init__(self):
         self.procs: list[tuple[str, subprocess.Popen]] = []
-        self.stopping = False
 
     def start(self, name: str, cmd: list[str]) -> subprocess.Popen:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        proc = subprocess.Popen(cmd, start_new_session=True, env=env)
+        me = os.getpid()
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{LAUNCHER_PID_ENV: str(me)})
+        proc = subprocess.Popen(cmd, start_new_session=True, env=env, preexec_fn=lambda: die_with_parent(me))
         self.procs.append((name, proc))
         return proc
 
     def stop_all(self, grace_s: float = 15.0) -> None:
-        self.stopping = True
+        """SIGTERM every child's process group; SIGKILL what is left of them after grace_s (a
+        group outlives its leader while e.g. a rank or an env worker is still closing)."""
         for _, proc in self.procs:
             _signal_group(proc, signal.SIGTERM)
         deadline = time.time() + grace_s
+        while time.time() < deadline and any(_group_alive(proc) for _, proc in self.procs):
+            time.sleep(0.1)
+        self.kill_all()
+
+    def kill_all(self) -> None:
         for _, proc in self.procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                pass
-            _signal_group(proc, signal.SIGKILL)   # the group may hold grandchildren (env workers)
+            _signal_group(proc, signal.SIGKILL)
 
 
-def _wait_all(procs: list[subprocess.Popen], timeout: float) -> None:
-    deadline = time.time() + timeout
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            return
+class StopRequests:
+    """SIGINT and SIGTERM to the launcher, counted: the first asks for a graceful stop, a second
+    for an immediate one. The handler only counts; the launcher's loops act on it."""
+
+    def __init__(self):
+        self.count = 0
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        self.count += 1
+
+
+def _wait_all(procs: list[subprocess.Popen], timeout: float, stop: StopRequests) -> None:
+    """Wait for every process to end, at most `timeout` s; a stop request ends the wait."""
+    deadline, count = time.time() + timeout, stop.count
+    while time.time() < deadline and stop.count == count and any(p.poll() is None for p in procs):
+        time.sleep(0.2)
+
+
+def _group_alive(proc: subprocess.Popen) -> bool:
+    proc.poll()                           # reap the leader: a zombie would keep its group alive
+    try:
+        os.killpg(proc.pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 def _signal_group(proc: subprocess.Popen, sig) -> None:
@@ -170,9 +260,8 @@ def _signal_group(proc: subprocess.Popen, sig) -> None:
         pass
 
 
-def _forward_signals(children: Children) -> None:
-    def handler(signum, frame):
-        children.stop_all()
-        raise SystemExit(128 + signum)
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+def _signal_pid(pid: int, sig) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
