@@ -1,4 +1,6 @@
-"""Throughput of the tiny VLA policy on CPU (default config: K=4, D=7, 64 px, LoRA rank 32).
+"""Throughput of the tiny VLA policy on CPU (default config: K=4, D=7, 64 px, LoRA rank 32), with
+each action head: autoregressive (N = K*D passes of the language model per act, KV cache, then
+one scoring pass) and parallel (one pass over the prompt and N action queries).
 
 act():      policy actions (chunks of K env steps) per second at batch 1, 8 and 32 (sampling, no grad)
 evaluate(): samples per second of forward + backward (the learner's inner step) at batch 8 and 32
@@ -18,6 +20,7 @@ import torch
 
 from asyncvla.common.config import PolicyConfig
 from asyncvla.common.policy import VLAPolicy
+from asyncvla.common.policy.action_head import ACTION_HEADS
 from tests.benchmarks.report import Figure, best_of, main
 
 ACT_BATCHES = (1, 8, 32)
@@ -26,22 +29,37 @@ EVAL_BATCHES = (8, 32)
 
 def run(quick: bool = False) -> dict:
     cfg = PolicyConfig()
-    t0 = time.perf_counter()
-    policy = VLAPolicy.build(cfg)
-    build_s = time.perf_counter() - t0
     repeats = 2 if quick else 5
-    k = cfg.num_action_chunks
-    results = {"device": "cpu", "torch_threads": torch.get_num_threads(), "build_s": round(build_s, 3),
-               "num_action_chunks": k, "action_dim": cfg.action_dim, "quick": quick,
-               "act": {}, "evaluate": {}}
+    results = {"device": "cpu", "torch_threads": torch.get_num_threads(), "quick": quick,
+               "num_action_chunks": cfg.num_action_chunks, "action_dim": cfg.action_dim,
+               "build_s": {}, "act": {}, "evaluate": {}, "trainable_state_dict": {}, "total_parameters": {}}
+    for head in ACTION_HEADS:
+        t0 = time.perf_counter()
+        policy = VLAPolicy.build(PolicyConfig(action_head=head))
+        results["build_s"][head] = round(time.perf_counter() - t0, 3)
+        results["act"][head], results["evaluate"][head] = act_and_evaluate(policy, repeats)
+        sd = policy.trainable_state_dict()
+        results["trainable_state_dict"][f"tiny, {head}"] = {
+            "tensors": len(sd), "parameters": sum(v.numel() for v in sd.values()),
+            "bytes": sum(v.numel() * v.element_size() for v in sd.values())}
+        results["total_parameters"][head] = sum(p.numel() for p in policy.parameters())
+    results["trainable_state_dict"]["llama2_7b_text_q_k_v_o"] = lora_publish_size(
+        hidden=4096, layers=32, rank=cfg.lora_rank, value_hidden=cfg.value_head_hidden)
+    return results
 
+
+def act_and_evaluate(policy, repeats: int) -> tuple[dict, dict]:
+    """act() at ACT_BATCHES and evaluate() forward + backward at EVAL_BATCHES, best of `repeats`."""
+    k = policy.cfg.num_action_chunks
+    act, evaluate = {}, {}
+    policy.eval()
     for b in ACT_BATCHES:
         image, ids, mask = _batch(policy, b)
         gen = torch.Generator().manual_seed(0)
         policy.act(image, ids, mask, generator=gen)  # warm-up
         sec = best_of(repeats, lambda: policy.act(image, ids, mask, generator=gen))
-        results["act"][f"batch_{b}"] = {"seconds_per_call": round(sec, 4), "actions_per_s": round(b / sec, 2),
-                                        "env_steps_per_s": round(b * k / sec, 2)}
+        act[f"batch_{b}"] = {"seconds_per_call": round(sec, 4), "actions_per_s": round(b / sec, 2),
+                             "env_steps_per_s": round(b * k / sec, 2)}
 
     policy.train()
     for b in EVAL_BATCHES:
@@ -54,18 +72,8 @@ def run(quick: bool = False) -> dict:
             policy.zero_grad(set_to_none=True)
         step()  # warm-up
         sec = best_of(repeats, step)
-        results["evaluate"][f"batch_{b}"] = {"seconds_per_step": round(sec, 4),
-                                             "samples_per_s": round(b / sec, 2)}
-
-    sd = policy.trainable_state_dict()
-    results["trainable_state_dict"] = {
-        "tiny": {"tensors": len(sd), "parameters": sum(v.numel() for v in sd.values()),
-                 "bytes": sum(v.numel() * v.element_size() for v in sd.values())},
-        "llama2_7b_text_q_k_v_o": lora_publish_size(hidden=4096, layers=32, rank=cfg.lora_rank,
-                                                    value_hidden=cfg.value_head_hidden),
-    }
-    results["total_parameters"] = sum(p.numel() for p in policy.parameters())
-    return results
+        evaluate[f"batch_{b}"] = {"seconds_per_step": round(sec, 4), "samples_per_s": round(b / sec, 2)}
+    return act, evaluate
 
 
 def lora_publish_size(hidden: int, layers: int, rank: int, value_hidden: int, modules: int = 4) -> dict:
@@ -87,12 +95,15 @@ def _batch(policy, b: int):
 
 def figures(results: dict) -> list[Figure]:
     out = []
-    for b, r in results["act"].items():
-        out.append(Figure("policy (tiny VLA)", f"act() {b} actions/s", r["actions_per_s"], "/s",
-                          note=f"{r['env_steps_per_s']:.1f} env steps/s, {r['seconds_per_call'] * 1e3:.1f} ms/call"))
-    for b, r in results["evaluate"].items():
-        out.append(Figure("policy (tiny VLA)", f"evaluate() fwd+bwd {b} samples/s", r["samples_per_s"], "/s",
-                          note=f"{r['seconds_per_step'] * 1e3:.1f} ms/step"))
+    for head, rows in results["act"].items():
+        for b, r in rows.items():
+            out.append(Figure("policy (tiny VLA)", f"act() {head} {b} actions/s", r["actions_per_s"], "/s",
+                              note=f"{r['env_steps_per_s']:.1f} env steps/s, "
+                                   f"{r['seconds_per_call'] * 1e3:.1f} ms/call"))
+    for head, rows in results["evaluate"].items():
+        for b, r in rows.items():
+            out.append(Figure("policy (tiny VLA)", f"evaluate() {head} fwd+bwd {b} samples/s", r["samples_per_s"],
+                              "/s", note=f"{r['seconds_per_step'] * 1e3:.1f} ms/step"))
     for name, r in results["trainable_state_dict"].items():
         out.append(Figure("policy (tiny VLA)", f"published weights, {name}", r.get("bytes", r.get("bytes_fp32")),
                           "MB", note=f"{r['tensors']} tensors, {r['parameters']:,} parameters, fp32"))
