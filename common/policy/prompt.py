@@ -4,7 +4,7 @@ A policy step's sequence is
     [<s>] <fake_token_around_image> <global-img> <image> x n <fake_token_around_image>   (fixed)
     instruction tokens, left-padded to L with an attention mask                          (L)
     [one proprio-state token]                                                            (0 or 1)
-    N = K*D action tokens
+    N = K*D action tokens (autoregressive head) or N learned action queries (parallel head)
 (SmolVLM's single-image block; a marker the tokenizer lacks is left out). Padding sits between the
 image block and the instruction, so every query position still sees the image and position ids
 come from the mask (cumsum - 1): a short instruction is placed exactly like a long one.
