@@ -23,6 +23,8 @@ from pathlib import Path
 import zmq
 import zmq.auth
 
+from asyncvla.common.auth import learner_key
+
 log = logging.getLogger("asyncvla.transport")
 
 SERVER_KEY, SERVER_SECRET = "server.key", "server.key_secret"
@@ -151,6 +153,11 @@ class Node:
                 self.close()
                 raise
 
+    @property
+    def token_key(self) -> bytes:
+        """The key actor tokens are signed with (common/auth.py): from the CURVE secret key, if any."""
+        return learner_key(self.curve[1] if self.curve is not None else None)
+
     def socket(self, kind: int, *, bind: str | None = None, connect=(), secure: bool = True,
                **options) -> zmq.Socket:
         """A socket with bounded linger, a per-frame size cap, back-off on reconnect and CURVE
@@ -231,12 +238,20 @@ class ServiceThread(threading.Thread):
 
 
 # ------------------------------------------------------------------------------------ logging
+def printable(text, limit: int = 200) -> str:
+    """`text` (from a peer) fit for one log line: control characters and newlines escaped (a
+    peer cannot forge or split lines), at most `limit` characters kept."""
+    text = str(text)
+    out = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text[:limit])
+    return out if len(text) <= limit else f"{out}...(+{len(text) - limit} chars)"
+
+
 class DropLog:
     """Logs a dropped message's reason the first time, then at most once per `interval_s` per
     reason with the count since the last line, so a flood cannot flood the log."""
 
-    def __init__(self, what: str, interval_s: float = 10.0):
-        self.what, self.interval_s = what, interval_s
+    def __init__(self, what: str, interval_s: float = 10.0, noun: str = "invalid message(s) dropped"):
+        self.what, self.interval_s, self.noun = what, interval_s, noun
         self._last: dict[str, float] = {}
         self._since: dict[str, int] = {}
 
@@ -244,6 +259,6 @@ class DropLog:
         now = time.monotonic()
         self._since[reason] = self._since.get(reason, 0) + 1
         if now - self._last.get(reason, -1e9) >= self.interval_s:
-            log.warning("%s: dropped %d invalid message(s) (%s), e.g. %s", self.what,
-                        self._since[reason], reason, detail[:200])
+            log.warning("%s: %d %s (%s), e.g. %s", self.what, self._since[reason], self.noun, reason,
+                        printable(detail))
             self._last[reason], self._since[reason] = now, 0

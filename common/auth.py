@@ -1,0 +1,60 @@
+"""Who may use the channels: actors the learner welcomed, each under the CURVE key it joined with.
+
+A hello answered with a welcome registers an actor. The welcome carries the actor's token,
+
+    token = HMAC-SHA256(learner key, [actor_id, peer key])
+
+which the actor presents with every later request: heartbeat, bye and get_policy_files (control),
+get_weights (weights), and in each segment's meta (trajectories). A server checks a token by
+computing it again, so the channels (and the learner's ranks) share no registration state. The
+peer key is the client's CURVE public key (z85: the ZAP "User-Id" of every frame it sends), ""
+without CURVE: a token is worthless from any other key. The control server's registry also binds
+each live actor_id to the key that registered it (a hello, heartbeat or bye for it from another
+key is refused).
+
+The learner key: with CURVE keys, derived from the learner's secret key, so every rank (and a
+restarted learner) computes the same one; without, random per process, so only the servers of
+the process that issued a token can check it: rank 0's control and weight servers and inbox (the
+inbox of ranks > 0 then checks nothing unless given `auth_key`). A token proves the learner
+welcomed that actor_id from that key; it is not revoked when the actor leaves (liveness is the
+control channel's business).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+
+import msgpack
+import zmq
+
+_PROCESS_KEY = os.urandom(32)
+
+
+def learner_key(curve_secret: bytes | None) -> bytes:
+    """The key tokens are signed with: derived from the learner's CURVE secret key, else random
+    for this process."""
+    if curve_secret is None:
+        return _PROCESS_KEY
+    return hashlib.sha256(b"asyncvla actor tokens\0" + curve_secret).digest()
+
+
+def actor_token(key: bytes, actor_id: str, peer: str) -> str:
+    return hmac.new(key, msgpack.packb([actor_id, peer]), hashlib.sha256).hexdigest()
+
+
+def valid_token(key: bytes, actor_id, peer: str, token) -> bool:
+    """True when `token` is the one the learner gave `actor_id` joining from `peer`."""
+    if type(token) is not str or type(actor_id) is not str:
+        return False
+    return hmac.compare_digest(token, actor_token(key, actor_id, peer))
+
+
+def peer_key(frame) -> str:
+    """The CURVE public key (z85) a received frame's sender authenticated with; "" without CURVE.
+    Needs a zmq.Frame (recv with copy=False)."""
+    try:
+        return frame.get("User-Id")
+    except zmq.ZMQError:          # no ZAP handler ran: the socket does not use CURVE
+        return ""
