@@ -6,7 +6,8 @@
 
 The welcome carries the learner's config (this node keeps its own envs, device and keys), the
 policy directory (read from the learner's path when this node sees it, else its files fetched
-once) and the weights endpoint.
+once) and the weights endpoint; and this actor's token, which its other requests and segments
+carry (`joined.client.token`, renewed when it rejoins a restarted learner).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from asyncvla.common import transport
 from asyncvla.common.config import Config, from_dict
+from asyncvla.common.control import policy_file_parts
 from asyncvla.common.policy import VLAPolicy
 
 
@@ -35,38 +37,56 @@ class Joined:
 
 
 def join(learner: str, actor_id: str, tcfg, stop, num_envs: int | None = None,
-         device: str | None = None) -> Joined | None:
+         device: str | None = None, timeout: float | None = None) -> Joined | None:
     """Join the learner at `learner` (its control endpoint); None if `stop` or the end of
-    training came first."""
+    training came first. Without a welcome within `timeout` seconds (None: keep trying), raises
+    TransportError saying what to check."""
     client = transport.LearnerClient(learner, actor_id, tcfg, num_envs=num_envs or 0)
-    welcome = client.join(stop=stop)
-    if welcome is None:
-        client.close()
-        return None
-    cfg: Config = from_dict(welcome["config"])
-    # This node's settings over the learner's: envs, device, and keys (a property of the node).
-    cfg.actor.num_envs = num_envs or cfg.actor.num_envs
-    cfg.actor.device = device or cfg.actor.device
-    cfg.transport.keys_dir = tcfg.keys_dir
-    policy_dir, tmp = _policy_dir(welcome["policy"], client)
     try:
-        policy = VLAPolicy.from_pretrained(policy_dir, device=cfg.actor.device)
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
-    weights = transport.WeightSubscriber(welcome["weights_endpoint"], cfg.transport)
+        welcome = client.join(timeout=timeout, stop=stop)
+        if welcome is None:
+            if timeout is not None and not stop.is_set() and not client.finished:
+                raise transport.TransportError(client.no_answer(timeout))
+            client.close()
+            return None
+        cfg: Config = from_dict(welcome["config"])
+        # This node's settings over the learner's: envs, device, and keys (a property of the node).
+        cfg.actor.num_envs = num_envs or cfg.actor.num_envs
+        cfg.actor.device = device or cfg.actor.device
+        cfg.transport.keys_dir = tcfg.keys_dir
+        policy_dir, tmp = _policy_dir(welcome["policy"], client)
+        try:
+            policy = VLAPolicy.from_pretrained(policy_dir, device=cfg.actor.device)
+        finally:
+            if tmp:
+                shutil.rmtree(tmp, ignore_errors=True)
+        weights = transport.WeightSubscriber(welcome["weights_endpoint"], cfg.transport, actor_id=actor_id,
+                                             token=lambda: client.token)
+    except BaseException:
+        client.close()
+        raise
     return Joined(client, welcome, cfg, policy, weights)
 
 
 def _policy_dir(spec: dict, client) -> tuple[str, str | None]:
     """The policy directory: the learner's path if readable here, else its files fetched once
-    (returned with the temporary folder to delete once loaded)."""
+    (returned with the temporary folder to delete once loaded). `fetch_policy_files` refuses
+    names that would land outside the folder."""
     path = spec.get("path")
     if path and (Path(path) / "policy.json").exists():
         return path, None
+    files = client.fetch_policy_files()
     tmp = tempfile.mkdtemp(prefix="asyncvla-policy-")
-    for rel, data in client.fetch_policy_files().items():
-        target = Path(tmp) / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+    try:
+        for name, data in files.items():
+            target = Path(tmp, *policy_file_parts(name))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(target, "xb") as f:        # x: never through a file or link already there
+                f.write(data)
+    except OSError as e:                         # e.g. both "a" and "a/b"
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise transport.TransportError(f"cannot write the learner's policy files: {e}") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return tmp, tmp

@@ -1,6 +1,6 @@
 """The actor process: join the learner, then act and push segments until told to stop.
 
-    asyncvla actor --learner tcp://HOST:PORT [--num-envs N] [--device DEV]
+    asyncvla actor --learner tcp://HOST:PORT [--num-envs N] [--device DEV] [--keys-dir DIR]
 
 Everything else (config, policy, env, endpoints, current weights) comes from the learner. The
 loop, per segment:
@@ -24,17 +24,19 @@ from asyncvla.actors.join import join
 from asyncvla.common import transport
 from asyncvla.common.config import TransportConfig
 from asyncvla.common.signals import stop_on_signals
+from asyncvla.common.sockets import printable
 
 log = logging.getLogger("asyncvla.actor")
 
 
 def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
         device: str | None = None, max_segments: int | None = None, actor_index: int | None = None,
-        tcfg=None) -> int:
-    """Join the learner at `learner` (its control endpoint) and act until it finishes."""
+        tcfg=None, join_timeout: float | None = None) -> int:
+    """Join the learner at `learner` (its control endpoint) and act until it finishes. Without a
+    welcome within `join_timeout` seconds (None: keep trying) raises TransportError."""
     actor_id = actor_id or f"{socket.gethostname()}-{os.getpid()}"
     stop = stop_on_signals()
-    joined = join(learner, actor_id, tcfg or TransportConfig(), stop, num_envs, device)
+    joined = join(learner, actor_id, tcfg or TransportConfig(), stop, num_envs, device, timeout=join_timeout)
     if joined is None:
         return 0
     torch.set_num_threads(1)   # actors are many; one core each
@@ -54,7 +56,7 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
     per_version = welcome["rollout"]["segments_per_version"]
     in_flight = welcome["rollout"]["max_segments_in_flight"]
     log.info("actor %s: %d envs of %s, policy on %s; %d segments per version, at most %d in flight",
-             actor_id, env.num_envs, cfg.env.id, cfg.actor.device, per_version, in_flight)
+             actor_id, env.num_envs, printable(cfg.env.id), printable(cfg.actor.device), per_version, in_flight)
 
     version, state, seq, sent_at_version = -1, rollout.start(env), 0, 0
     rejoins = client.rejoins
@@ -90,7 +92,8 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
                                                    cfg.policy.temperature, generator)
             meta = {"actor_id": actor_id, "seq": seq, "policy_version": version,
                     "num_steps": cfg.actor.rollout_length, "num_envs": env.num_envs,
-                    "env_steps": info["env_steps"], "act_s": info["act_s"], "env_s": info["env_s"]}
+                    "env_steps": info["env_steps"], "act_s": info["act_s"], "env_s": info["env_s"],
+                    "token": client.token}          # the newest welcome's: a rejoin renews it
             if not sender.send(transport.Segment(meta=meta, arrays=arrays), stop=stop):
                 break
             if seq == 0:

@@ -1,17 +1,21 @@
 """Control channel: actors join learner rank 0, which tells them everything they need.
 
     actor  -> hello {actor_id, host, pid, num_envs}   learner -> welcome {...welcome_fn(hello)...,
-                                                                heartbeat_interval_s, heartbeat_timeout_s}
-    actor  -> heartbeat {actor_id}  (every interval) learner -> heartbeat  (or "rejoin" if it does
-                                                                not know the actor, e.g. after a restart)
-    actor  -> get_policy_files                        learner -> policy_files (one frame per file)
-    actor  -> bye                                     learner -> shutdown (at the end of training;
+                                                                heartbeat_interval_s, heartbeat_timeout_s,
+                                                                token}
+    actor  -> heartbeat {actor_id, token}  (every interval)   learner -> heartbeat  (or "rejoin" if
+                                                                it does not know the actor, e.g. after
+                                                                a restart)
+    actor  -> get_policy_files {actor_id, token}      learner -> policy_files (one frame per file)
+    actor  -> bye {actor_id, token}                   learner -> shutdown (at the end of training;
                                                                 the actor answers bye)
 
-The learner's ControlServer keeps a `Registry` of live actors (joins, leaves, time-outs). The
-actor's LearnerClient re-sends hello with back-off when the learner goes silent for
-heartbeat_timeout_s and rejoins when it is back (a restarted learner has new ROUTER identities
-and an empty registry; its "rejoin" answer to a heartbeat makes the actor say hello again).
+The learner's ControlServer keeps a `Registry` of live actors (joins, leaves, time-outs), each
+bound to the CURVE key it joined with; the token in the welcome admits the actor to the other
+requests and channels (common/auth.py). The actor's LearnerClient re-sends hello with back-off
+when the learner goes silent for heartbeat_timeout_s and rejoins when it is back (a restarted
+learner has new ROUTER identities and an empty registry; its "rejoin" answer to a heartbeat makes
+the actor say hello again). Until the first welcome it warns every so often, with what to check.
 """
 
 from __future__ import annotations
@@ -30,17 +34,21 @@ from typing import Callable
 
 import zmq
 
+from asyncvla.common.auth import actor_token, peer_key, valid_token
 from asyncvla.common.protocol import (REQUEST_MAX_BYTES, Limits, Message, ValidationError, decode_control,
                                       encode_control, files_of, MAX_NAME_LEN)
 from asyncvla.common.sockets import (DropLog, Node, ServiceThread, TransportError, advertised, bind_endpoint,
-                                     bound_endpoint)
+                                     bound_endpoint, printable)
 
 log = logging.getLogger("asyncvla.transport")
 
 BACKOFF_MIN_S = 0.1
 POLL_MS = 50
 WELCOME_KEYS = {"config": dict, "trajectory_endpoints": list, "weights_endpoint": str,
-                "weight_version": int, "policy": dict, "rollout": dict}
+                "weight_version": int, "policy": dict, "rollout": dict, "token": str}
+NO_ANSWER_WARN_S = 5.0        # an actor waiting this long for its welcome says why it may be
+NO_ANSWER_REPEAT_S = 30.0     # ... and again this often while it keeps trying
+MAX_PATH_PARTS = 8            # policy files lie at most this deep in the policy directory
 
 
 # ----------------------------------------------------------------------------------- registry
@@ -52,6 +60,7 @@ class ActorInfo:
     identity: bytes
     joined_at: float
     last_seen: float
+    key: str = ""             # the CURVE public key it joined with ("" without CURVE)
 
 
 class Registry:
@@ -62,14 +71,17 @@ class Registry:
         self.actors: dict[str, ActorInfo] = {}
         self.joined_total = self.left_total = self.timed_out_total = self.replaced_total = 0
 
-    def hello(self, actor_id: str, host: str, pid: int, identity: bytes, now: float) -> str:
-        """'joined', 'refreshed' (the same process said hello again) or 'replaced' (a new process
-        took over a live id, e.g. a restarted actor before its predecessor timed out)."""
+    def hello(self, actor_id: str, host: str, pid: int, identity: bytes, now: float, key: str = "") -> str:
+        """'joined', 'refreshed' (the same process said hello again), 'replaced' (a new process
+        took over a live id, e.g. a restarted actor before its predecessor timed out) or 'taken'
+        (the id is live under another CURVE key: nothing changes)."""
         old = self.actors.get(actor_id)
+        if old is not None and old.key != key:
+            return "taken"
         if old is not None and (old.host, old.pid) == (host, pid):
             old.identity, old.last_seen = identity, now
             return "refreshed"
-        self.actors[actor_id] = ActorInfo(actor_id, host, pid, identity, now, now)
+        self.actors[actor_id] = ActorInfo(actor_id, host, pid, identity, now, now, key)
         self.joined_total += 1
         if old is not None:
             self.replaced_total += 1
@@ -106,13 +118,16 @@ class ControlServer:
     """ROUTER on control_port (or `endpoint`), served by a background thread.
 
     welcome_fn(hello: dict) -> dict builds the welcome (config dict, trajectory_endpoints,
-    weights_endpoint, weight_version, policy {path, optional files {relpath: bytes}}). With
-    `policy_dir`, actors that cannot read policy.path fetch that directory's files once.
+    weights_endpoint, weight_version, policy {path, optional files {relpath: bytes}}); the server
+    adds the heartbeat settings and the actor's token, signed with `auth_key` (default: this
+    node's, common/auth.py). With `policy_dir`, registered actors that cannot read policy.path
+    fetch that directory's files once. Requests that fail the token or key check are refused
+    and counted in stats["invalid"] ("unregistered", "wrong_key").
     `check()` raises ThreadDied if the serving thread died (the learner polls it).
     """
 
     def __init__(self, tcfg, welcome_fn: Callable[[dict], dict], policy_dir: str | None = None,
-                 endpoint: str | None = None):
+                 endpoint: str | None = None, auth_key: bytes | None = None):
         self.tcfg = tcfg
         self.welcome_fn = welcome_fn
         self.policy_dir = policy_dir
@@ -127,6 +142,7 @@ class ControlServer:
             self._node.close(0)
             raise
         self.endpoint = advertised(tcfg, bound_endpoint(self._router))
+        self._key = auth_key or self._node.token_key
         self.registry = Registry()
         self._lock = threading.Lock()
         self._limits = Limits.for_kind("request", tcfg.max_message_mb)
@@ -170,10 +186,10 @@ class ControlServer:
                 msg = decode_control(frames[1:], self._limits, "hello", "heartbeat", "bye", "get_policy_files")
             except ValidationError:
                 continue
-            if msg.kind == "bye":
-                actor_ids.discard(msg.meta.get("actor_id"))
+            if msg.kind == "bye" and self._refusal(msg.meta, peer_key(frames[1])) is None:
+                actor_ids.discard(msg.meta["actor_id"])
                 with self._lock:
-                    self.registry.bye(msg.meta.get("actor_id"))
+                    self.registry.bye(msg.meta["actor_id"])
 
     # ------------------------------------------------------------------ server thread
     def _serve(self) -> None:
@@ -188,8 +204,8 @@ class ControlServer:
             with self._lock:
                 gone = self.registry.expire(time.monotonic(), self.tcfg.heartbeat_timeout_s)
             for a in gone:
-                log.warning("actor %s (%s pid %d) timed out: no heartbeat for %.1f s", a.actor_id, a.host,
-                            a.pid, self.tcfg.heartbeat_timeout_s)
+                log.warning("actor %s (%s pid %d) timed out: no heartbeat for %.1f s", printable(a.actor_id),
+                            printable(a.host), a.pid, self.tcfg.heartbeat_timeout_s)
 
     def _on_message(self, peer: bytes, frames: list) -> None:
         try:
@@ -198,44 +214,77 @@ class ControlServer:
             if not isinstance(actor_id, str) or not 0 < len(actor_id) <= MAX_NAME_LEN:
                 raise ValidationError("bad_meta", "actor_id must be a string of 1..256 characters")
         except ValidationError as e:
-            self.stats["invalid"][e.reason] += 1
-            self._drop_log(e.reason, str(e))
+            self._count(e.reason, str(e))
             return
         self.stats["messages"] += 1
-        now = time.monotonic()
+        now, user = time.monotonic(), peer_key(frames[0])
         if msg.kind == "hello":
-            self._on_hello(peer, msg.meta, now)
+            self._on_hello(peer, user, msg.meta, now)
+            return
+        with self._lock:
+            known = actor_id in self.registry.actors
+        if msg.kind == "heartbeat" and not known:     # e.g. after a restart, or timed out
+            self._send(peer, encode_control("rejoin"))
+            return
+        refused = self._refusal(msg.meta, user)
+        if refused:
+            self._count(refused, f"{msg.kind} for actor {actor_id[:40]!r}")
+            if msg.kind == "get_policy_files":
+                self._send(peer, encode_control("error", {"message": f"refused ({refused}): say hello "
+                                                          "first and present the welcome's token"}))
         elif msg.kind == "heartbeat":
             with self._lock:
-                known = self.registry.heartbeat(actor_id, peer, now)
-            self._send(peer, encode_control("heartbeat" if known else "rejoin"))
+                self.registry.heartbeat(actor_id, peer, now)
+            self._send(peer, encode_control("heartbeat"))
         elif msg.kind == "bye":
             with self._lock:
                 left = self.registry.bye(actor_id)
             if left:
-                log.info("actor %s left", actor_id)
+                log.info("actor %s left", printable(actor_id))
         else:
             self._send(peer, self._policy_reply())
 
-    def _on_hello(self, peer: bytes, hello: dict, now: float) -> None:
+    def _refusal(self, meta: dict, user: str) -> str | None:
+        """Why a request after the welcome must be refused: "unregistered" (no token, or not the
+        one this actor_id got from this key) or "wrong_key" (the actor_id is live under another
+        key, which registered it after this one left); None when it may go on."""
+        if not valid_token(self._key, meta["actor_id"], user, meta.get("token")):
+            return "unregistered"
+        with self._lock:
+            info = self.registry.actors.get(meta["actor_id"])
+        return "wrong_key" if info is not None and info.key != user else None
+
+    def _on_hello(self, peer: bytes, user: str, hello: dict, now: float) -> None:
+        actor_id = hello["actor_id"]
         try:
             body = dict(self.welcome_fn(dict(hello)))
             policy = dict(body.get("policy") or {})
             files = policy.pop("files", None)
             body["policy"] = policy
             body.update(heartbeat_interval_s=self.tcfg.heartbeat_interval_s,
-                        heartbeat_timeout_s=self.tcfg.heartbeat_timeout_s)
+                        heartbeat_timeout_s=self.tcfg.heartbeat_timeout_s,
+                        token=actor_token(self._key, actor_id, user))
             reply = encode_control("welcome", body, files=files)
         except Exception as e:       # a bug in welcome_fn: tell the actor instead of leaving it waiting
-            log.exception("building the welcome for actor %s failed", hello["actor_id"])
+            log.exception("building the welcome for actor %s failed", printable(actor_id))
             message = f"learner could not build the welcome: {e}"[:250]
             self._send(peer, encode_control("error", {"message": message}))
             return
         with self._lock:
-            what = self.registry.hello(hello["actor_id"], hello["host"], hello["pid"], peer, now)
+            what = self.registry.hello(actor_id, hello["host"], hello["pid"], peer, now, key=user)
+        if what == "taken":
+            self._count("wrong_key", f"hello for actor {actor_id[:40]!r}, live under another key")
+            message = (f"actor_id {actor_id[:100]!r} is registered by another CURVE key; choose another "
+                       "--actor-id, or wait until that actor leaves")
+            self._send(peer, encode_control("error", {"message": message}))
+            return
         if what != "refreshed":
-            log.info("actor %s %s (%s pid %d)", hello["actor_id"], what, hello["host"], hello["pid"])
+            log.info("actor %s %s (%s pid %d)", printable(actor_id), what, printable(hello["host"]), hello["pid"])
         self._send(peer, reply)
+
+    def _count(self, reason: str, detail: str) -> None:
+        self.stats["invalid"][reason] += 1
+        self._drop_log(reason, detail)
 
     def _policy_reply(self) -> list:
         if self.policy_dir is None:
@@ -243,13 +292,13 @@ class ControlServer:
                                                        "(policy_dir unset)"})
         if self._policy_files is None:          # read once; the directory does not change in a run
             root = Path(self.policy_dir)
-            self._policy_files = {p.relative_to(root).as_posix(): p.read_bytes()
-                                  for p in sorted(root.rglob("*")) if p.is_file()}
-        size = sum(len(b) for b in self._policy_files.values())
-        if size > self._node.max_bytes:
-            return encode_control("error", {"message": f"policy directory is {size >> 20} MiB > "
-                                                       f"transport.max_message_mb; make policy.path "
-                                                       "readable on the actor node"[:250]})
+            paths = [p for p in sorted(root.rglob("*")) if p.is_file()]
+            size = sum(p.stat().st_size for p in paths)     # before reading: it may be far too big
+            if size > self._node.max_bytes:
+                message = (f"policy directory is {size >> 20} MiB > transport.max_message_mb; make "
+                           "policy.path readable on the actor node")
+                return encode_control("error", {"message": message})
+            self._policy_files = {p.relative_to(root).as_posix(): p.read_bytes() for p in paths}
         return encode_control("policy_files", files=self._policy_files)
 
     def _send(self, peer: bytes, frames: list) -> None:
@@ -264,9 +313,11 @@ class LearnerClient:
     """An actor's link to the learner: join, heartbeats, rejoin after a learner restart.
 
     join(timeout, stop) -> the welcome dict (None on time-out / stop / shutdown), retrying with
-    back-off. After it, a background thread heartbeats; `learner_alive` turns False when the
-    learner is silent for heartbeat_timeout_s and the client says hello again with back-off
-    until it answers (`rejoins` counts the successes, `welcome` holds the latest). `finished`
+    back-off, and warning after NO_ANSWER_WARN_S (then every NO_ANSWER_REPEAT_S) what may keep
+    the learner silent. After it, a background thread heartbeats; `learner_alive` turns False
+    when the learner is silent for heartbeat_timeout_s and the client says hello again with
+    back-off until it answers (`rejoins` counts the successes, `welcome` holds the latest,
+    `token` the latest welcome's token, which the actor's other requests carry). `finished`
     turns True when the learner announces the end of training.
     """
 
@@ -286,6 +337,7 @@ class LearnerClient:
         self._thread: threading.Thread | None = None
         self.interval_s, self.timeout_s = tcfg.heartbeat_interval_s, tcfg.heartbeat_timeout_s
         self.welcome: dict | None = None
+        self.token: str | None = None
         self.learner_alive = False
         self.finished = False
         self.joins = self.rejoins = 0
@@ -298,16 +350,31 @@ class LearnerClient:
         if self._thread is None:
             self._thread = ServiceThread("learner-client", self._run)
             self._thread.start()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        warn_at = started + NO_ANSWER_WARN_S
         while not self._joined.wait(0.05):
             self._thread.check()
             if self.error:
-                raise TransportError(f"learner at {self.endpoint}: {self.error}")
-            if self.finished or (stop is not None and stop.is_set()) or \
-                    (deadline is not None and time.monotonic() >= deadline):
+                raise TransportError(f"learner at {self.endpoint}: {printable(self.error)}")
+            now = time.monotonic()
+            if self.finished or (stop is not None and stop.is_set()) or (deadline is not None and now >= deadline):
                 return None
+            if now >= warn_at:
+                log.warning("%s; still trying", self.no_answer(now - started))
+                warn_at = now + NO_ANSWER_REPEAT_S
         with self._lock:
             return copy.deepcopy(self.welcome)
+
+    def no_answer(self, waited_s: float) -> str:
+        """What to check when the learner has not answered for `waited_s` seconds."""
+        what = f"no answer from the learner at {self.endpoint} after {waited_s:.0f} s"
+        if self._node.curve is None:
+            return (f"{what}: is it running and reachable there? If the learner uses CURVE keys "
+                    "(transport.keys_dir), pass --keys-dir DIR (a client bundle made by `asyncvla keygen`)")
+        return (f"{what}: is it running and reachable there, with CURVE keys (transport.keys_dir) whose "
+                f"server.key is this bundle's and whose authorized_clients/ holds this actor's "
+                f"client.key ({self.tcfg.keys_dir})?")
 
     def fetch_policy_files(self, timeout: float = 300.0) -> dict[str, bytes]:
         """The learner's policy directory, relative path -> bytes (call after join)."""
@@ -322,7 +389,13 @@ class LearnerClient:
                 raise TransportError(f"learner at {self.endpoint} sent no policy files within {timeout} s")
         request, self._request = self._request, None
         if request["error"]:
-            raise TransportError(f"learner at {self.endpoint}: {request['error']}")
+            raise TransportError(f"learner at {self.endpoint}: {printable(request['error'])}")
+        for name in request["result"]:
+            try:
+                policy_file_parts(name)
+            except ValueError as e:
+                raise TransportError(f"learner at {self.endpoint} sent a policy file named "
+                                     f"'{printable(name, 80)}': {e}; refusing its files") from None
         return request["result"]
 
     def close(self) -> None:
@@ -345,7 +418,7 @@ class LearnerClient:
                 backoff = min(backoff * 2, self.tcfg.reconnect_max_s)
             if joined:
                 if now >= next_beat:
-                    self._send("heartbeat", {"actor_id": self.actor_id})
+                    self._send("heartbeat", self._credentials())
                     next_beat = now + self.interval_s
                 if now - last_heard > self.timeout_s:
                     log.warning("learner at %s silent for %.1f s; trying to rejoin", self.endpoint,
@@ -373,12 +446,12 @@ class LearnerClient:
                     self._request["sent"] = False
             elif msg.kind == "shutdown":
                 log.info("learner at %s finished training", self.endpoint)
-                self._send("bye", {"actor_id": self.actor_id})      # the learner waits for it
+                self._send("bye", self._credentials())      # the learner waits for it
                 self.finished = True
             elif msg.kind in ("policy_files", "error"):
                 self._on_reply(msg)
         if joined and not self.finished:
-            self._send("bye", {"actor_id": self.actor_id})
+            self._send("bye", self._credentials())
 
     def _receive(self) -> Message | None:
         frames = self._sock.recv_multipart(copy=False)
@@ -401,7 +474,7 @@ class LearnerClient:
         self.timeout_s = float(welcome.get("heartbeat_timeout_s", self.timeout_s))
         with self._lock:
             first = self.joins == 0
-            self.welcome = welcome
+            self.welcome, self.token = welcome, welcome["token"]
             self.joins += 1
             self.rejoins += 0 if first else 1
         if not first:
@@ -428,8 +501,11 @@ class LearnerClient:
     def _send_request(self) -> None:
         request = self._request
         if request is not None and not request["sent"]:
-            self._send("get_policy_files", {"actor_id": self.actor_id})
+            self._send("get_policy_files", self._credentials())
             request["sent"] = True
+
+    def _credentials(self) -> dict:
+        return {"actor_id": self.actor_id, "token": self.token}
 
     def _send(self, kind: str, meta: dict) -> None:
         try:
@@ -458,3 +534,22 @@ def _check_welcome(meta: dict) -> None:
         value = meta.get(key, 1.0)
         if type(value) not in (int, float) or not 0 < value < math.inf:
             raise ValidationError("bad_welcome", f"welcome '{key}' must be a positive number")
+
+
+def policy_file_parts(name: str) -> list[str]:
+    """The parts of a policy file's name as the learner sent it: a relative path of plain names
+    (the policy directory holds backbone/ and adapter/), so that the file lands inside the actor's
+    folder. Raises ValueError saying what is wrong: an absolute path, an empty part, '.' or '..',
+    a backslash, NUL or another control character, a part over 255 bytes, or too deep a path."""
+    parts = name.split("/")
+    if len(parts) > MAX_PATH_PARTS:
+        raise ValueError(f"more than {MAX_PATH_PARTS} levels deep")
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise ValueError("not a relative path of plain names (an absolute path, an empty part, "
+                             "'.' or '..')")
+        if "\\" in part or not part.isprintable():
+            raise ValueError("a backslash, NUL or other control character")
+        if len(part.encode()) > 255:
+            raise ValueError("a part longer than 255 bytes")
+    return parts

@@ -53,17 +53,20 @@ CONTROL_META: dict[str, dict[str, type]] = {
     "hello": {"actor_id": str, "host": str, "pid": int, "num_envs": int},   # actor -> learner
                                                                 # (num_envs 0: the learner's config)
     "welcome": {},                                              # learner -> actor (free-form dict)
-    "heartbeat": {},                                            # both ways (actor adds actor_id)
+    "heartbeat": {},                                            # both ways (actor adds actor_id, token)
     "rejoin": {},                                               # learner: "unknown actor, say hello"
-    "bye": {"actor_id": str},                                   # actor leaves
+    "bye": {"actor_id": str, "token": str},                     # actor leaves
     "shutdown": {},                                             # learner finished: actors stop
-    "get_policy_files": {"actor_id": str},
+    "get_policy_files": {"actor_id": str, "token": str},
     "policy_files": {},                                         # one uint8 array per file
     "error": {"message": str},
-    "get_weights": {"newer_than": int, "wait_ms": int},         # actor -> weight server
+    "get_weights": {"newer_than": int, "wait_ms": int,          # actor -> weight server
+                    "actor_id": str, "token": str},
     "no_weights": {"version": int},                             # nothing newer within wait_ms
 }
 FREE_META = ("welcome", "heartbeat")      # kinds whose meta may carry other keys
+# "token": the one the welcome gave the actor (common/auth.py); without it, or with another, a
+# server refuses the request or segment.
 
 
 class ValidationError(ValueError):
@@ -280,7 +283,8 @@ def _as_wire_array(name: str, value) -> tuple[str, np.ndarray]:
 @dataclass
 class Segment:
     """One trajectory segment: meta (actor_id, seq, policy_version, num_steps T, num_envs B,
-    env_steps, optional act_s/env_s) and time-major arrays named as in `SEGMENT_FIELDS`."""
+    env_steps, optional act_s/env_s and the actor's token) and time-major arrays named as in
+    `SEGMENT_FIELDS`."""
     meta: dict
     arrays: dict[str, np.ndarray]
 
@@ -330,7 +334,7 @@ BINARY_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.dtype == "uint8"
 TOKEN_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.dtype == "int64" and {"L", "N"} & set(f.dims))
 SEGMENT_META = {"actor_id": str, "seq": int, "policy_version": int, "num_steps": int,
                 "num_envs": int, "env_steps": int}
-SEGMENT_META_OPTIONAL = {"act_s": float, "env_s": float}
+SEGMENT_META_OPTIONAL = {"act_s": float, "env_s": float, "token": str}
 
 
 def final_field(obs_name: str) -> str:
@@ -390,9 +394,7 @@ def check_segment_meta(meta: dict) -> dict:
     if extra:
         raise ValidationError("bad_meta", f"unknown meta keys {sorted(map(str, extra))[:5]}")
     check_meta(meta, SEGMENT_META)
-    for key in SEGMENT_META_OPTIONAL:
-        if key in meta and not _is_number(meta[key]):
-            raise ValidationError("bad_meta", f"meta '{key}' must be a finite number")
+    check_meta(meta, {k: t for k, t in SEGMENT_META_OPTIONAL.items() if k in meta})
     for key in ("seq", "policy_version", "env_steps", "num_steps", "num_envs"):
         if meta[key] < (1 if key in ("num_steps", "num_envs") else 0):
             raise ValidationError("bad_meta", f"meta '{key}'={meta[key]} is out of range")

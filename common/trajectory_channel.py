@@ -10,19 +10,26 @@ unsent segment (counted). ZeroMQ and kernel buffers still hold several segments 
 every queued segment is one more version of policy lag; so a rank acks each segment it takes,
 and an actor that has `in_flight` segments not yet taken waits (`wait_for_room`) before
 collecting another.
+
+A segment's meta carries the actor's token (common/auth.py): a rank drops one from an actor the
+learner did not welcome, counted as stats["invalid"]["unregistered"].
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter, deque
 from typing import Sequence
 
 import zmq
 
+from asyncvla.common.auth import peer_key, valid_token
 from asyncvla.common.protocol import (REQUEST_MAX_BYTES, SEGMENT, Limits, Segment, SegmentSpec, ValidationError,
                                       decode_segment, encode_segment)
 from asyncvla.common.sockets import DropLog, Node, advertised, bind_endpoint, bound_endpoint
+
+log = logging.getLogger("asyncvla.transport")
 
 BACKPRESSURE = ("block", "drop_oldest")
 
@@ -33,9 +40,14 @@ class TrajectoryReceiver:
     message it takes (valid or not) to its sender. Invalid messages, whatever they hold, are
     dropped and counted by reason in `stats["invalid"]`. ZeroMQ caps each frame at
     max_message_mb, and `decode` the frame count and total bytes; ZeroMQ still buffers a whole
-    multipart message before handing it over, so one message may briefly hold frames x cap."""
+    multipart message before handing it over, so one message may briefly hold frames x cap.
 
-    def __init__(self, tcfg, rank: int, spec: SegmentSpec, endpoint: str | None = None):
+    Segments must carry a token signed with `auth_key` (default: this node's key, which without
+    CURVE only rank 0 shares with the control server that issues the tokens: other ranks then
+    check none). The token is taken out of the returned segment's meta."""
+
+    def __init__(self, tcfg, rank: int, spec: SegmentSpec, endpoint: str | None = None,
+                 auth_key: bytes | None = None):
         self.spec = spec
         self._node = Node(tcfg, server=True)
         try:
@@ -45,6 +57,10 @@ class TrajectoryReceiver:
             self._node.close(0)
             raise
         self.endpoint = advertised(tcfg, bound_endpoint(self._router))
+        self._key = auth_key or (self._node.token_key if self._node.curve is not None or rank == 0 else None)
+        if self._key is None:
+            log.info("trajectory receiver (rank %d): without CURVE keys this rank cannot check the tokens "
+                     "rank 0 gives actors; it takes any valid segment", rank)
         self._limits = Limits.for_kind(SEGMENT, tcfg.max_message_mb)
         self.stats = {"received": 0, "bytes": 0, "invalid": Counter()}
         self._drop_log = DropLog(f"trajectory receiver (rank {rank})")
@@ -60,6 +76,11 @@ class TrajectoryReceiver:
             self._ack(sender)
             try:
                 segment = decode_segment(frames, self.spec, self._limits)
+                token = segment.meta.pop("token", None)
+                if self._key is not None and not valid_token(self._key, segment.meta["actor_id"],
+                                                             peer_key(frames[0]), token):
+                    raise ValidationError("unregistered", f"segment from actor {segment.meta['actor_id'][:40]!r} "
+                                                          "without the token of its welcome")
             except ValidationError as e:
                 self.stats["invalid"][e.reason] += 1
                 self._drop_log(e.reason, str(e))

@@ -10,6 +10,10 @@ payload is never copied per request.
 WeightSubscriber keeps one request in flight from a background thread and holds the newest
 version received; the actor takes it between segments with `poll_newest` (non-blocking) or
 `wait_newer` (blocking, for the synchronous mode).
+
+Only registered actors get weights: each request carries the actor_id and the token of its
+welcome (common/auth.py); the server answers any other with an "error" and counts it
+(stats["invalid"]["unregistered"]).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections import Counter, OrderedDict
 
 import zmq
 
+from asyncvla.common.auth import peer_key, valid_token
 from asyncvla.common.protocol import (REQUEST_MAX_BYTES, WEIGHTS, Limits, ValidationError, control_of, decode,
                                       decode_control, encode_control, encode_weights, weights_of)
 from asyncvla.common.sockets import DropLog, Node, ServiceThread, advertised, bind_endpoint, bound_endpoint
@@ -33,10 +38,11 @@ MAX_PEERS_REMEMBERED = 4096
 
 
 class WeightServer:
-    """Serves the newest published (version, tensors) on weights_port (or `endpoint`).
+    """Serves the newest published (version, tensors) on weights_port (or `endpoint`) to actors
+    whose token was signed with `auth_key` (default: this node's, as the control server's).
     `check()` raises ThreadDied if the serving thread died (the learner polls it)."""
 
-    def __init__(self, tcfg, endpoint: str | None = None):
+    def __init__(self, tcfg, endpoint: str | None = None, auth_key: bytes | None = None):
         self._node = Node(tcfg, server=True)
         try:
             # Requests are tiny (MAXMSGSIZE caps what comes in, not the weights going out).
@@ -50,6 +56,7 @@ class WeightServer:
             self._node.close(0)
             raise
         self.endpoint = advertised(tcfg, bound_endpoint(self._router))
+        self._key = auth_key or self._node.token_key
         self._request_limits = Limits.for_kind("request", tcfg.max_message_mb)
         self._lock = threading.Lock()
         self._current: tuple[int, list[zmq.Frame]] | None = None
@@ -120,6 +127,12 @@ class WeightServer:
             self.stats["invalid"][e.reason] += 1
             self._drop_log(e.reason, str(e))
             return
+        if not valid_token(self._key, msg.meta["actor_id"], peer_key(frames[1]), msg.meta["token"]):
+            self.stats["invalid"]["unregistered"] += 1
+            self._drop_log("unregistered", f"get_weights for actor {msg.meta['actor_id'][:40]!r}")
+            self._send(peer, encode_control("error", {"message": "refused (unregistered): join the learner "
+                                                      "first and present the welcome's token"}))
+            return
         self.stats["requests"] += 1
         # A peer re-asking while a large reply is still on its way (the same connection keeps
         # its identity) waits for the next version instead of getting the same payload again.
@@ -158,6 +171,9 @@ class WeightServer:
 class WeightSubscriber:
     """An actor's view of the newest weights, fetched in a background thread.
 
+    Requests carry `actor_id` and `token` (the welcome's; a function returning the current one
+    follows rejoins, and while it returns None nothing is asked). A refusal is counted in
+    stats["refused"] and logged at a bounded rate.
     Each version is handed out once (then forgotten here, so its memory goes with the caller):
     `poll_newest(newer_than=v)` returns (version, tensors) or None at once; `wait_newer(v,
     timeout)` waits for one; `reset()` starts over after a learner restart. Tensors are numpy
@@ -166,8 +182,9 @@ class WeightSubscriber:
     fetch thread dies (a bug: invalid replies are dropped and counted), the waits raise ThreadDied.
     """
 
-    def __init__(self, endpoint: str, tcfg, wait_s: float = 1.0):
+    def __init__(self, endpoint: str, tcfg, *, actor_id: str, token, wait_s: float = 1.0):
         self.endpoint = endpoint
+        self.actor_id, self._token = actor_id, token if callable(token) else (lambda: token)
         self.wait_s = wait_s
         self._node = Node(tcfg, server=False)
         # IMMEDIATE: requests are not queued for an absent server (the send fails; asked again).
@@ -177,8 +194,9 @@ class WeightSubscriber:
         self._newest: tuple[int, dict, int | None] | None = None
         self.version = -1                     # newest version received
         self.step: int | None = None          # learner step of the version last handed out
-        self.stats = {"received": 0, "superseded": 0, "invalid": Counter()}
+        self.stats = {"received": 0, "superseded": 0, "refused": 0, "invalid": Counter()}
         self._drop_log = DropLog(f"weight subscriber ({endpoint})")
+        self._refusal_log = DropLog(f"weight subscriber ({endpoint})", noun="weight request(s) refused")
         self._closed = False
         self._thread = ServiceThread("weight-subscriber", self._fetch, on_exit=self._wake_waiters)
         self._thread.start()
@@ -221,15 +239,18 @@ class WeightSubscriber:
             self._cond.notify_all()
 
     def _fetch(self) -> None:
-        asked_at = None
+        asked_at, sent, refused = None, None, None     # refused: the token last refused
         while not self._closed:
-            now = time.monotonic()
-            if asked_at is None or now - asked_at > self.wait_s + REPLY_GRACE_S:
-                request = encode_control("get_weights", {"newer_than": self.version,
-                                                         "wait_ms": int(self.wait_s * 1000)})
+            now, token = time.monotonic(), self._token()
+            # after a refusal, wait before asking again, unless a rejoin brought a new token
+            due = asked_at is None or now - asked_at > self.wait_s + REPLY_GRACE_S or \
+                (refused is not None and token != refused)
+            if token is not None and due:
+                request = encode_control("get_weights", {"newer_than": self.version, "wait_ms": int(self.wait_s * 1000),
+                                                         "actor_id": self.actor_id, "token": token})
                 try:
                     self._dealer.send_multipart(request, flags=zmq.NOBLOCK)
-                    asked_at = now
+                    asked_at, sent, refused = now, token, None
                 except zmq.Again:
                     pass                      # not connected (yet): ask again after the poll
             if not self._dealer.poll(100):
@@ -240,6 +261,11 @@ class WeightSubscriber:
                 msg = decode(frames, self._limits)
                 if msg.kind == "no_weights":
                     control_of(msg, "no_weights")
+                elif msg.kind == "error":
+                    message = control_of(msg, "error").meta["message"]
+                    self.stats["refused"] += 1
+                    self._refusal_log("error reply", message)
+                    asked_at, refused = time.monotonic(), sent
                 else:
                     self._store(*weights_of(msg), msg.meta.get("step"))
             except ValidationError as e:

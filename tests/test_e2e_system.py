@@ -23,6 +23,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from asyncvla.common.config import TransportConfig, load_config, to_yaml
+from asyncvla.common.control import LearnerClient
 from asyncvla.common.weight_channel import WeightSubscriber
 from asyncvla.launch.train import learner_command
 from asyncvla.learner.checkpoint import read_client_state
@@ -95,10 +96,16 @@ def scalars(run: Path, tag: str) -> dict[int, float]:
 
 class VersionWatcher:
     """A weight subscriber in a thread that keeps every version it receives, in arrival order
-    (a version published while an older one is in flight may be skipped: only the newest is served)."""
+    (a version published while an older one is in flight may be skipped: only the newest is served).
+    It joins the learner as an actor that sends nothing (only registered actors get weights), and
+    rejoins a restarted one by itself."""
 
     def __init__(self, cfg):
-        self.sub = WeightSubscriber(f"tcp://127.0.0.1:{cfg.transport.weights_port}", TransportConfig())
+        tcfg = TransportConfig(reconnect_max_s=0.5)     # back soon after a learner restart
+        self.client = LearnerClient(f"tcp://127.0.0.1:{cfg.transport.control_port}", "version-watcher", tcfg)
+        self.client.join(timeout=0)           # says hello from now on; the subscriber asks once welcomed
+        self.sub = WeightSubscriber(f"tcp://127.0.0.1:{cfg.transport.weights_port}", tcfg,
+                                    actor_id="version-watcher", token=lambda: self.client.token)
         self.seen: list[tuple[int, dict]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -117,6 +124,7 @@ class VersionWatcher:
         self._stop.set()
         self._thread.join()
         self.sub.close()
+        self.client.close()
 
 
 def test_kill9_resume_and_standalone_actors(tmp_path):

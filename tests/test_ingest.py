@@ -133,7 +133,7 @@ def test_a_dead_server_thread_stops_the_learner_and_names_it(link, monkeypatch, 
     servers = (ControlServer(cfg, welcome_fn=lambda hello: {}, endpoint="tcp://127.0.0.1:*"),
                WeightServer(cfg, endpoint="tcp://127.0.0.1:*"))
     client = LearnerClient(servers[0].endpoint, "a", cfg)
-    subscriber = WeightSubscriber(servers[1].endpoint, cfg)
+    subscriber = WeightSubscriber(servers[1].endpoint, cfg, actor_id="a", token="")   # refused, if served
     stop = threading.Event()
     timer = threading.Timer(20, stop.set)          # without a watchdog, fill would wait for data for ever
     timer.start()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from asyncvla.common import protocol as P
+from asyncvla.common.auth import actor_token, learner_key
 from asyncvla.common.protocol import Limits, Segment, SegmentSpec, ValidationError
 
 LIMITS = Limits.for_kind(P.SEGMENT, 64)
@@ -20,7 +21,8 @@ def make_spec(T=16, B=8, H=128, L=32, K=4, D=7, S=0, action_level=False, vocab=5
 
 def make_segment(spec: SegmentSpec | None = None, B: int = 8, seq: int = 0, actor_id: str = "actor-0",
                  truncations: int = 2, episodes: int = 3, rng=None) -> Segment:
-    """A segment as an actor builds it: random contents consistent with the schema."""
+    """A segment as an actor builds it: random contents consistent with the schema, and the token
+    that a learner's servers in this process (without CURVE) give `actor_id` (common/auth.py)."""
     spec = spec or make_spec(B=B)
     rng = rng if rng is not None else np.random.default_rng(seq)
     T, H, L, N, K, S = spec.num_steps, spec.image_size, spec.instruction_len, spec.num_tokens, \
@@ -54,8 +56,13 @@ def make_segment(spec: SegmentSpec | None = None, B: int = 8, seq: int = 0, acto
         arrays["state"] = rng.standard_normal((T + 1, B, S)).astype(np.float32)
         arrays["final_state"] = rng.standard_normal((n, S)).astype(np.float32)
     meta = {"actor_id": actor_id, "seq": seq, "policy_version": 3, "num_steps": T, "num_envs": B,
-            "env_steps": T * B * K, "act_s": 0.25, "env_s": 1.5}
+            "env_steps": T * B * K, "act_s": 0.25, "env_s": 1.5, "token": process_token(actor_id)}
     return Segment(meta=meta, arrays=arrays)
+
+
+def process_token(actor_id: str) -> str:
+    """The token this process's servers (without CURVE) accept from `actor_id`: what its welcome holds."""
+    return actor_token(learner_key(None), actor_id, "")
 
 
 def as_bytearrays(frames) -> list[bytearray]:
@@ -228,6 +235,7 @@ CASES = {
     "meta huge int": (_set_meta("seq", (1 << 64) - 1), "bad_meta"),
     "meta unknown key": (_set_meta("pickle", "x"), "bad_meta"),
     "meta nan timing": (_set_meta("act_s", float("nan")), "bad_meta"),
+    "meta token not a string": (_set_meta("token", 12), "bad_meta"),
     "meta negative version": (_set_meta("policy_version", -1), "bad_meta"),
     "nan reward": (_set_array("rewards", lambda a: a.__setitem__((0, 0), np.nan)), "not_finite"),
     "inf state": (_set_array("state", lambda a: a.__setitem__((1, 1, 1), np.inf)), "not_finite"),
@@ -352,6 +360,12 @@ def test_control_meta_is_checked():
             P.decode_control(P.encode("hello", meta), limits, "hello")
     with pytest.raises(ValidationError, match="wrong_type"):
         P.decode_control(ok, limits, "bye")
+    ask = {"newer_than": -1, "wait_ms": 0, "actor_id": "a", "token": "t"}
+    assert P.decode_control(P.encode_control("get_weights", ask), limits, "get_weights").meta == ask
+    for kind, meta in (("get_weights", {k: v for k, v in ask.items() if k != "token"}),
+                       ("bye", {"actor_id": "a"}), ("get_policy_files", {"actor_id": "a", "token": 5})):
+        with pytest.raises(ValidationError, match="bad_meta"):          # requests carry the token
+            P.decode_control(P.encode(kind, meta), limits, kind)
     with pytest.raises(ValidationError, match="frame_count"):      # requests carry no arrays
         P.decode_control(P.encode_control("bye", {"actor_id": "a"}, files={"f": b"x"}), limits, "bye")
 

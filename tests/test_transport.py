@@ -21,13 +21,18 @@ import zmq
 from asyncvla.common import protocol as P
 from asyncvla.common import transport
 from asyncvla.common.config import TransportConfig
-from tests.test_protocol import make_segment, make_spec
+from tests.test_protocol import make_segment, make_spec, process_token
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tcfg(**kw) -> TransportConfig:
     return TransportConfig(**{"linger_ms": 200, **kw})
+
+
+def subscriber(endpoint: str, cfg, actor_id: str = "a", **kw) -> transport.WeightSubscriber:
+    """A weight subscriber with the token this process's servers give `actor_id`."""
+    return transport.WeightSubscriber(endpoint, cfg, actor_id=actor_id, token=process_token(actor_id), **kw)
 
 
 @pytest.fixture(params=["tcp", "ipc"])
@@ -71,7 +76,7 @@ def test_realistic_segment_round_trip_zero_copy(endpoint):
     try:
         assert sender.send(seg)
         out = receiver.recv(timeout_ms=10_000)
-        assert out is not None and out.meta == seg.meta
+        assert out is not None and out.meta == {k: v for k, v in seg.meta.items() if k != "token"}
         for k, a in seg.arrays.items():
             assert out.arrays[k].dtype == a.dtype and out.arrays[k].shape == a.shape
             assert out.arrays[k].tobytes() == a.tobytes(), k
@@ -337,7 +342,7 @@ def test_weight_server_drops_hostile_requests_and_keeps_serving():
         send_raw(server.endpoint, [[bytes(1 << 20)]], settle_s=0.3)
         send_raw(server.endpoint, cases.values())
         assert wait_until(lambda: sum(server.stats["invalid"].values()) >= len(cases))
-        sub = transport.WeightSubscriber(server.endpoint, cfg, wait_s=0.2)
+        sub = subscriber(server.endpoint, cfg, wait_s=0.2)
         version, tensors = sub.wait_newer(-1, timeout=10)
         assert version == 1 and tensors["w"].tolist() == [0, 1, 2, 3]
         assert dict(server.stats["invalid"]) == reasons_of(cases)     # nothing for the big frame
@@ -421,11 +426,13 @@ def test_block_mode_waits_with_bounded_memory_and_loses_nothing():
     receiver.close()
 
 
-def _send_and_leave(endpoint: str, count: int) -> None:
+def _send_and_leave(endpoint: str, count: int, token: str) -> None:
     spec = make_spec(T=2, B=1, H=64, L=4)
     sender = transport.TrajectorySender([endpoint], tcfg(linger_ms=10_000))
     for i in range(count):
-        sender.send(make_segment(spec, B=1, seq=i, truncations=0))
+        seg = make_segment(spec, B=1, seq=i, truncations=0)
+        seg.meta["token"] = token                  # the learner's process gave it (not this one)
+        sender.send(seg)
     sender.close()
 
 
@@ -434,7 +441,8 @@ def test_an_actor_that_leaves_right_after_sending_loses_nothing():
     # rank has taken (acked) everything, so a slow learner still gets every segment.
     spec = make_spec(T=2, B=1, H=64, L=4)
     receiver = transport.TrajectoryReceiver(tcfg(), 0, spec, endpoint="tcp://127.0.0.1:*")
-    proc = mp.get_context("spawn").Process(target=_send_and_leave, args=(receiver.endpoint, 300))
+    proc = mp.get_context("spawn").Process(target=_send_and_leave,
+                                           args=(receiver.endpoint, 300, process_token("actor-0")))
     proc.start()
     got = []
     while len(got) < 300:
@@ -463,7 +471,7 @@ def test_late_joiner_gets_the_newest_version_first_and_never_a_backlog():
     server = transport.WeightServer(cfg, endpoint="tcp://127.0.0.1:*")
     for v in range(1, 8):
         server.publish(v, {"w": np.full(1000, v, np.float32)})
-    sub = transport.WeightSubscriber(server.endpoint, cfg, wait_s=0.2)
+    sub = subscriber(server.endpoint, cfg, wait_s=0.2)
     try:
         version, tensors = sub.wait_newer(-1, timeout=10)
         assert version == 7 and float(tensors["w"][0]) == 7.0
@@ -487,7 +495,7 @@ def test_subscriber_drops_invalid_weights_and_keeps_going():
     server = ctx.socket(zmq.ROUTER)              # a server that answers with garbage first
     server.linger = 0
     server.bind("tcp://127.0.0.1:*")
-    sub = transport.WeightSubscriber(server.getsockopt(zmq.LAST_ENDPOINT).decode(), tcfg(), wait_s=0.2)
+    sub = subscriber(server.getsockopt(zmq.LAST_ENDPOINT).decode(), tcfg(), wait_s=0.2)
     huge = msgpack.unpackb(P.encode_weights(4, {"w": np.zeros(0, np.float32)})[0])
     huge["arrays"][0][2] = [1 << 62, 1 << 62, 0]
     deep = {"type": "weights", "v": 1, "meta": {"version": 4}, "arrays": deep_list(1000)}
@@ -514,7 +522,8 @@ WEIGHT_CLIENTS = r"""
 import sys, time
 from asyncvla.common import transport
 from asyncvla.common.config import TransportConfig
-subs = [transport.WeightSubscriber(sys.argv[1], TransportConfig()) for _ in range(int(sys.argv[2]))]
+subs = [transport.WeightSubscriber(sys.argv[1], TransportConfig(), actor_id="a", token=sys.argv[3])
+        for _ in range(int(sys.argv[2]))]
 got = [s.wait_newer(-1, timeout=60) for s in subs]
 print(" ".join(str(g[0]) + ":" + str(int(g[1]["w"].nbytes)) for g in got), flush=True)
 for s in subs:
@@ -528,8 +537,8 @@ def test_weight_server_does_not_copy_the_payload_per_request():
     payload = np.ones(16 << 20, np.float32)                  # 64 MB, pages touched
     base, peak = _rss(), 0
     server.publish(1, {"w": payload})
-    proc = subprocess.Popen([sys.executable, "-c", WEIGHT_CLIENTS, server.endpoint, "3"], cwd=REPO,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", WEIGHT_CLIENTS, server.endpoint, "3", process_token("a")],
+                            cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         while proc.poll() is None:
             peak = max(peak, _rss() - base)

@@ -62,6 +62,8 @@ def test_registry_counts():
     assert r.hello("a", "h", 1, b"i2", now=0.5) == "refreshed"        # same process, new connection
     assert r.hello("b", "h", 2, b"i3", now=0.5) == "joined"
     assert r.hello("b", "h", 3, b"i4", now=0.6) == "replaced"         # restarted before timing out
+    assert r.hello("b", "h", 3, b"i9", now=0.6, key="K2") == "taken"  # live under another CURVE key
+    assert r.actors["b"].identity == b"i4"
     assert r.heartbeat("a", b"i5", now=2.0) and not r.heartbeat("zzz", b"i", now=2.0)
     assert [a.actor_id for a in r.expire(now=2.5, timeout_s=1.0)] == ["b"]
     assert r.bye("a") and not r.bye("a")
@@ -158,11 +160,12 @@ def test_learner_client_drops_hostile_replies_and_joins():
     learner.linger = 0
     learner.bind("tcp://127.0.0.1:*")
     good = {"config": {}, "trajectory_endpoints": ["tcp://127.0.0.1:2"], "weights_endpoint": "tcp://127.0.0.1:3",
-            "weight_version": 0, "policy": {"path": "/p"}, "rollout": {}}
+            "weight_version": 0, "policy": {"path": "/p"}, "rollout": {}, "token": "t"}
     replies = [[msgpack.packb({"type": "welcome", "v": 1, "meta": {**good, "config": deep_list(1000)},
                                "arrays": []})],
                P.encode_control("welcome", {**good, "heartbeat_timeout_s": "soon"}),
                P.encode_control("welcome", {**good, "heartbeat_interval_s": float("nan")}),
+               P.encode_control("welcome", {k: v for k, v in good.items() if k != "token"}),
                P.encode_control("welcome", good)]
     client = transport.LearnerClient(bound_endpoint(learner), "a", tcfg())
     try:
@@ -175,8 +178,8 @@ def test_learner_client_drops_hostile_replies_and_joins():
             assert P.decode_control(hello, P.Limits.for_kind("request", 1), "hello").meta["actor_id"] == "a"
             learner.send_multipart([peer, *reply])
         thread.join()
-        assert joined[0]["trajectory_endpoints"] == ["tcp://127.0.0.1:2"]
-        assert dict(client.stats["invalid"]) == {"too_deep": 1, "bad_welcome": 2}
+        assert joined[0]["trajectory_endpoints"] == ["tcp://127.0.0.1:2"] and client.token == "t"
+        assert dict(client.stats["invalid"]) == {"too_deep": 1, "bad_welcome": 3}
     finally:
         client.close()
         learner.close()
@@ -195,7 +198,9 @@ sender = transport.TrajectorySender(welcome["trajectory_endpoints"], cfg)
 spec = make_spec(T=2, B=2, H=16, L=8, K=2, D=3)
 seq = 0
 while True:
-    sender.send(make_segment(spec, B=2, seq=seq, actor_id=sys.argv[2], truncations=1, episodes=1))
+    seg = make_segment(spec, B=2, seq=seq, actor_id=sys.argv[2], truncations=1, episodes=1)
+    seg.meta["token"] = client.token
+    sender.send(seg)
     seq += 1
     time.sleep(0.01)
 """
@@ -309,7 +314,8 @@ def test_curve_refuses_unknown_clients_and_admits_known_ones(tmp_path):
         welcome = clients[-1].join(timeout=10)
         assert welcome is not None                                        # a known client joins
         sender = transport.TrajectorySender(welcome["trajectory_endpoints"], tcfg(keys_dir=bundle))
-        seg = make_segment(SPEC, B=2, seq=5)
+        seg = make_segment(SPEC, B=2, seq=5, actor_id="good")
+        seg.meta["token"] = clients[-1].token              # bound to this bundle's key
         sender.send(seg)
         out = receiver.recv(timeout_ms=10_000)
         sender.close()
@@ -326,14 +332,22 @@ def test_curve_refuses_unknown_clients_and_admits_known_ones(tmp_path):
 def test_curve_weights_channel(tmp_path):
     keys = tmp_path / "keys"
     assert cli.main(["keygen", str(keys)]) == 0
-    server = transport.WeightServer(tcfg(keys_dir=str(keys)), endpoint="tcp://127.0.0.1:*")
-    sub = transport.WeightSubscriber(server.endpoint, tcfg(keys_dir=str(keys)))   # local: first bundle
+    cfg = tcfg(keys_dir=str(keys))                  # local: the first client bundle
+    control = transport.ControlServer(cfg, welcome_fn_for(["tcp://127.0.0.1:2"]), endpoint="tcp://127.0.0.1:*")
+    server = transport.WeightServer(cfg, endpoint="tcp://127.0.0.1:*")
+    client = transport.LearnerClient(control.endpoint, "a", cfg)
+    sub = None
     try:
+        assert client.join(timeout=10) is not None
+        sub = transport.WeightSubscriber(server.endpoint, cfg, actor_id="a", token=lambda: client.token)
         server.publish(3, {"w": np.arange(5, dtype=np.float32)})
         version, tensors = sub.wait_newer(-1, timeout=10)
         assert version == 3 and tensors["w"].tolist() == [0, 1, 2, 3, 4]
     finally:
-        sub.close()
+        if sub is not None:
+            sub.close()
+        client.close()
+        control.close(notify=False)
         server.close()
 
 
@@ -353,7 +367,8 @@ def test_public_bind_needs_keys_or_an_explicit_opt_in(caplog, tmp_path):
     with pytest.raises(TransportError, match="server.key_secret"):
         transport.WeightServer(tcfg(keys_dir=str(tmp_path)), endpoint="tcp://127.0.0.1:*")
     with pytest.raises(TransportError, match="client.key_secret"):
-        transport.WeightSubscriber("tcp://127.0.0.1:1", tcfg(keys_dir=str(tmp_path / "nothing")))
+        transport.WeightSubscriber("tcp://127.0.0.1:1", tcfg(keys_dir=str(tmp_path / "nothing")), actor_id="a",
+                                   token="t")
 
 
 def test_advertised_endpoint_for_a_wildcard_bind(tmp_path):

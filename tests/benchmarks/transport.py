@@ -27,12 +27,16 @@ import zmq
 
 from asyncvla.common import protocol as P
 from asyncvla.common import transport
+from asyncvla.common.auth import actor_token
 from asyncvla.common.config import TransportConfig
 from asyncvla.common.protocol import Segment, SegmentSpec
 from tests.benchmarks.report import Figure, at_least, main
 
 T, B, L, K, D = 4, 2, 32, 4, 7
 TARGETS = [("64KB", 64 << 10), ("1MB", 1 << 20), ("8MB", 8 << 20), ("32MB", 32 << 20)]
+# The servers here sign with a fixed key, so the actor processes hold the token a welcome would give.
+KEY = b"transport benchmark" * 2
+TOKEN = actor_token(KEY, "bench", "")
 
 
 def run(quick: bool = False) -> dict:
@@ -87,7 +91,7 @@ def _segment(side: int, t: int, b: int) -> Segment:
               "final_instruction_mask": z((0, L), np.uint8), "ep_return": z(0, np.float32),
               "ep_length": z(0, np.int64), "ep_success": z(0, np.uint8)}
     meta = {"actor_id": "bench", "seq": 0, "policy_version": 0, "num_steps": t, "num_envs": b,
-            "env_steps": t * b * K}
+            "env_steps": t * b * K, "token": TOKEN}
     return Segment(meta, arrays)
 
 
@@ -121,7 +125,7 @@ def _throughput(mode: str, side: int, t: int, b: int, count: int) -> float:
     cfg = TransportConfig(linger_ms=5000)
     warm = 3
     if mode == "ours":
-        rx = transport.TrajectoryReceiver(cfg, 0, _spec(side, t), endpoint="tcp://127.0.0.1:*")
+        rx = transport.TrajectoryReceiver(cfg, 0, _spec(side, t), endpoint="tcp://127.0.0.1:*", auth_key=KEY)
         receive, endpoint, close = lambda: rx.recv(timeout_ms=30_000), rx.endpoint, rx.close
     else:
         ctx = zmq.Context()
@@ -160,7 +164,7 @@ def _throughput(mode: str, side: int, t: int, b: int, count: int) -> float:
 
 # --------------------------------------------------------------------------------- weights
 def _subscriber(endpoint: str, versions: int, conn) -> None:
-    sub = transport.WeightSubscriber(endpoint, TransportConfig(), wait_s=1.0)
+    sub = transport.WeightSubscriber(endpoint, TransportConfig(), actor_id="bench", token=TOKEN, wait_s=1.0)
     conn.send("ready")
     version = 0
     for _ in range(versions):
@@ -174,7 +178,7 @@ def _subscriber(endpoint: str, versions: int, conn) -> None:
 
 def _weight_latency(numel: int, versions: int) -> dict:
     payload = {"policy.weight": np.full(numel, 0.5, np.float32)}
-    server = transport.WeightServer(TransportConfig(), endpoint="tcp://127.0.0.1:*")
+    server = transport.WeightServer(TransportConfig(), endpoint="tcp://127.0.0.1:*", auth_key=KEY)
     parent, child = mp.get_context("spawn").Pipe()
     proc = mp.get_context("spawn").Process(target=_subscriber, args=(server.endpoint, versions, child))
     proc.start()
@@ -200,7 +204,7 @@ def _weight_latency(numel: int, versions: int) -> dict:
 def _server_memory(numel: int, subscribers: int) -> float:
     """RSS growth of the serving process while `subscribers` actor processes fetch one version."""
     payload = {"w": np.full(numel, 0.25, np.float32)}
-    server = transport.WeightServer(TransportConfig(), endpoint="tcp://127.0.0.1:*")
+    server = transport.WeightServer(TransportConfig(), endpoint="tcp://127.0.0.1:*", auth_key=KEY)
     ctx = mp.get_context("spawn")
     pipes = [ctx.Pipe() for _ in range(subscribers)]
     procs = [ctx.Process(target=_subscriber, args=(server.endpoint, 1, c)) for _, c in pipes]

@@ -42,6 +42,7 @@ PHASES = ("gather_s", "ema_s", "send_s", "load_s")
 # fault in fresh pages for every copy (4-10x slower) until the allocator reuses freed memory.
 WARMUP_VERSIONS = 3
 TIMEOUT_S = 300
+KEY = b"weight publish benchmark"      # the learner side signs with it: the actor side holds the token
 
 
 def run(quick: bool = False) -> dict:
@@ -66,7 +67,9 @@ def measure(kind: str, versions: int, step_updates: int) -> dict:
         else:
             load = partial(VLAPolicy.load_trainable_state_dict, LoraPayload(lora_7b_shapes()))
         info = _recv(parent)
-        sub = WeightSubscriber(info["endpoint"], TransportConfig())
+        from asyncvla.common.auth import actor_token
+        sub = WeightSubscriber(info["endpoint"], TransportConfig(), actor_id="bench",
+                               token=actor_token(KEY, "bench", ""))
         rows = []
         for v in range(versions + WARMUP_VERSIONS):    # steady state: see WARMUP_VERSIONS
             parent.send(v)
@@ -114,7 +117,7 @@ def _learner_side(kind: str, versions: int, step_updates: int, conn) -> None:
             step_s = float(np.median(timed_updates(model, batch, cfg, device, step_updates)))
         else:
             model = LoraPayload(lora_7b_shapes())
-        server = WeightServer(TransportConfig(), endpoint="tcp://127.0.0.1:*")
+        server = WeightServer(TransportConfig(), endpoint="tcp://127.0.0.1:*", auth_key=KEY)
         ema = EmaPublisher(cfg.learner.rollout_ema_decay)
         first = gather_trainable(model)
         conn.send({"endpoint": server.endpoint, "step_s": step_s, "tensors": len(first),

@@ -1,0 +1,295 @@
+"""Who may use the channels, over real sockets on loopback: only actors the learner welcomed get
+policy files and weights or push segments; with CURVE, an actor_id belongs to the key that
+registered it; an actor writes only safe policy file names, inside its folder; what peers send
+cannot forge log lines."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from asyncvla.common import protocol as P
+from asyncvla.common import transport
+from asyncvla.common.control import policy_file_parts
+from asyncvla.common.sockets import Node, TransportError, bound_endpoint, printable
+from asyncvla.launch import cli
+from tests.test_protocol import make_segment
+from tests.test_transport import wait_until
+from tests.test_transport_control import SPEC, tcfg, welcome_fn_for
+
+REQUEST = P.Limits.for_kind("request", 1)
+
+
+class RawPeer:
+    """A bare DEALER (what any peer can run), with CURVE keys when `cfg` has them."""
+
+    def __init__(self, endpoint: str, cfg):
+        self.node = Node(cfg, server=False)
+        self.sock = self.node.socket(zmq.DEALER, connect=endpoint)
+
+    def ask(self, kind: str, meta: dict, timeout_ms: int = 3000) -> P.Message | None:
+        self.sock.send_multipart(P.encode_control(kind, meta))
+        if not self.sock.poll(timeout_ms):
+            return None
+        return P.decode(self.sock.recv_multipart(), P.Limits.for_kind("control", 8))
+
+    def close(self):
+        self.node.close(0)
+
+
+# ------------------------------------------------------------------ registration, without CURVE
+def test_only_registered_actors_get_policy_files_weights_and_push_segments(tmp_path):
+    (tmp_path / "policy.json").write_text("{}")
+    cfg = tcfg(heartbeat_timeout_s=6.0)
+    receiver = transport.TrajectoryReceiver(cfg, 0, SPEC, endpoint="tcp://127.0.0.1:*")
+    control = transport.ControlServer(cfg, welcome_fn_for([receiver.endpoint]), policy_dir=str(tmp_path),
+                                      endpoint="tcp://127.0.0.1:*")
+    weights = transport.WeightServer(cfg, endpoint="tcp://127.0.0.1:*")
+    weights.publish(1, {"w": np.arange(3, dtype=np.float32)})
+    client = transport.LearnerClient(control.endpoint, "a", cfg)
+    peer = RawPeer(control.endpoint, cfg)
+    sender = transport.TrajectorySender([receiver.endpoint], cfg)
+    subs = []
+    try:
+        assert client.join(timeout=10) is not None
+        token = client.token
+        # policy files: without a token, with another actor's, or a made-up one
+        for meta in ({"actor_id": "a", "token": ""}, {"actor_id": "b", "token": token},
+                     {"actor_id": "a", "token": "0" * 64}):
+            reply = peer.ask("get_policy_files", meta)
+            assert reply.kind == "error" and "unregistered" in reply.meta["message"]
+        assert control.stats["invalid"]["unregistered"] == 3
+        assert peer.ask("get_policy_files", {"actor_id": "a", "token": token}).kind == "policy_files"
+        assert client.fetch_policy_files(timeout=10) == {"policy.json": b"{}"}
+
+        # weights: refused (and told so) without the token; served with it, at once when a rejoin
+        # brings it (not after the pause that follows a refusal)
+        current = {"token": "stale"}
+        subs.append(transport.WeightSubscriber(weights.endpoint, cfg, actor_id="a", token=lambda: current["token"],
+                                               wait_s=0.2))
+        assert wait_until(lambda: subs[-1].stats["refused"] >= 1)
+        assert subs[-1].poll_newest() is None and weights.stats["invalid"]["unregistered"] >= 1
+        current["token"], asked = token, time.monotonic()
+        version, tensors = subs[-1].wait_newer(-1, timeout=10)
+        assert version == 1 and tensors["w"].tolist() == [0, 1, 2]
+        assert time.monotonic() - asked < 1.5                      # the pause is wait_s + 2 s
+
+        # segments: dropped and counted without a valid token; taken with it (token out of the meta)
+        for actor_id, tok in (("a", None), ("a", "f" * 64), ("b", token)):
+            seg = make_segment(SPEC, B=2, actor_id=actor_id)
+            if tok is None:
+                del seg.meta["token"]
+            else:
+                seg.meta["token"] = tok
+            assert sender.send(seg)
+        good = make_segment(SPEC, B=2, seq=7, actor_id="a")
+        good.meta["token"] = token
+        assert sender.send(good)
+        out = receiver.recv(timeout_ms=10_000)
+        assert out is not None and out.meta["seq"] == 7 and "token" not in out.meta
+        assert dict(receiver.stats["invalid"]) == {"unregistered": 3} and receiver.stats["received"] == 1
+    finally:
+        for s in subs:
+            s.close()
+        sender.close()
+        peer.close()
+        client.close()
+        control.close(notify=False)
+        weights.close()
+        receiver.close()
+
+
+def test_a_heartbeat_or_bye_without_the_token_changes_nothing():
+    cfg = tcfg(heartbeat_timeout_s=6.0)
+    control = transport.ControlServer(cfg, welcome_fn_for(["tcp://127.0.0.1:2"]), endpoint="tcp://127.0.0.1:*")
+    client = transport.LearnerClient(control.endpoint, "a", cfg)
+    peer = RawPeer(control.endpoint, cfg)
+    try:
+        assert client.join(timeout=10) is not None
+        identity = control.registry.actors["a"].identity
+        assert peer.ask("heartbeat", {"actor_id": "a", "token": "x"}, timeout_ms=500) is None
+        assert peer.ask("bye", {"actor_id": "a", "token": "x"}, timeout_ms=500) is None
+        assert control.stats["invalid"]["unregistered"] == 2
+        assert control.counts()["alive"] == 1 and control.registry.actors["a"].identity == identity
+        assert peer.ask("heartbeat", {"actor_id": "nobody"}).kind == "rejoin"   # unknown: say hello
+    finally:
+        peer.close()
+        client.close()
+        control.close(notify=False)
+
+
+# ------------------------------------------------------------------------------ CURVE key binding
+def test_with_curve_an_actor_id_belongs_to_the_key_that_registered_it(tmp_path):
+    keys = tmp_path / "keys"
+    assert cli.main(["keygen", str(keys), "--clients", "2"]) == 0
+    learner = tcfg(keys_dir=str(keys), heartbeat_timeout_s=6.0)
+    first, second = (tcfg(keys_dir=str(keys / "clients" / f"client_00{i}")) for i in (0, 1))
+    receiver = transport.TrajectoryReceiver(learner, 0, SPEC, endpoint="tcp://127.0.0.1:*")
+    control = transport.ControlServer(learner, welcome_fn_for([receiver.endpoint]), endpoint="tcp://127.0.0.1:*")
+    weights = transport.WeightServer(learner, endpoint="tcp://127.0.0.1:*")
+    weights.publish(1, {"w": np.zeros(2, np.float32)})
+    actor = transport.LearnerClient(control.endpoint, "a", first)
+    other = RawPeer(control.endpoint, second)                 # an authorised key, not a's
+    stolen, notified = None, False
+    clients = [actor]
+    try:
+        assert actor.join(timeout=10) is not None
+        identity, token = control.registry.actors["a"].identity, actor.token
+        reply = other.ask("hello", {"actor_id": "a", "host": "h", "pid": 1, "num_envs": 0})
+        assert reply.kind == "error" and "another CURVE key" in reply.meta["message"]
+        assert other.ask("heartbeat", {"actor_id": "a", "token": token}, timeout_ms=500) is None
+        assert other.ask("bye", {"actor_id": "a", "token": token}, timeout_ms=500) is None
+        assert control.stats["invalid"] == {"wrong_key": 1, "unregistered": 2}
+        assert control.counts()["alive"] == 1 and control.registry.actors["a"].identity == identity
+        assert actor.learner_alive
+
+        # a's token is worthless from the other key on the other channels too
+        stolen = transport.WeightSubscriber(weights.endpoint, second, actor_id="a", token=token, wait_s=0.2)
+        assert stolen.wait_newer(-1, timeout=1.5) is None and weights.stats["invalid"]["unregistered"] >= 1
+        sender = transport.TrajectorySender([receiver.endpoint], second)
+        seg = make_segment(SPEC, B=2, actor_id="a")
+        seg.meta["token"] = token
+        sender.send(seg)
+        assert receiver.recv(timeout_ms=1000) is None and receiver.stats["invalid"]["unregistered"] == 1
+        sender.close()
+
+        # once a has left, the other key may take the id; a's old token then no longer speaks for it
+        actor.close()
+        assert wait_until(lambda: control.counts()["alive"] == 0)
+        clients.append(transport.LearnerClient(control.endpoint, "a", second))
+        assert clients[-1].join(timeout=10) is not None and clients[-1].token != token
+        old = RawPeer(control.endpoint, first)
+        assert old.ask("heartbeat", {"actor_id": "a", "token": token}, timeout_ms=500) is None
+        old.close()
+        assert control.stats["invalid"]["wrong_key"] == 2
+        notified = True
+        control.close(notify=True)                      # the notice reaches the id's real owner
+        assert wait_until(lambda: clients[-1].finished)
+    finally:
+        if stolen is not None:
+            stolen.close()
+        for c in clients:
+            c.close()
+        other.close()
+        if not notified:
+            control.close(notify=False)
+        weights.close()
+        receiver.close()
+
+
+# ------------------------------------------------------------------- policy files on the actor
+class FakeLearner:
+    """A real ROUTER that welcomes any hello and answers get_policy_files with `files`."""
+
+    def __init__(self, files: dict[str, bytes]):
+        self.files = files
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.linger = 0
+        self.sock.bind("tcp://127.0.0.1:*")
+        self.endpoint = bound_endpoint(self.sock)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        welcome = {"config": {}, "trajectory_endpoints": ["tcp://127.0.0.1:2"], "policy": {"path": "/not/here"},
+                   "weights_endpoint": "tcp://127.0.0.1:3", "weight_version": 0, "rollout": {}, "token": "t"}
+        while not self._stop.is_set():
+            if not self.sock.poll(50):
+                continue
+            peer, *frames = self.sock.recv_multipart()
+            kind = P.decode(frames, REQUEST).kind
+            if kind == "hello":
+                self.sock.send_multipart([peer, *P.encode_control("welcome", welcome)])
+            elif kind == "get_policy_files":
+                self.sock.send_multipart([peer, *P.encode_control("policy_files", files=self.files)])
+
+    def close(self):
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+        self.ctx.term()
+
+
+@pytest.mark.parametrize("name", ["../x", "a/../../x", "/ABS/x", "a//b", "./x", "a/", "a\\b", "x\x00y",
+                                  "x\ny", "/".join("d" * 9), "y" * 256])
+def test_an_actor_refuses_policy_files_with_unsafe_names(tmp_path, monkeypatch, name):
+    from asyncvla.actors.join import join
+    name = name.replace("/ABS", str(tmp_path / "abs"))
+    work = tmp_path / "work"                     # the actor's temporary folders go here
+    work.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(work))
+    learner = FakeLearner({"policy.json": b"{}", name: b"owned"})
+    try:
+        with pytest.raises(TransportError, match="refusing its files"):
+            join(learner.endpoint, "a", tcfg(), threading.Event(), timeout=10)
+    finally:
+        learner.close()
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert written == [] and list(work.iterdir()) == []      # nothing written, inside or out
+
+
+def test_policy_files_land_inside_the_folder(tmp_path):
+    from asyncvla.actors.join import _policy_dir
+    files = {"policy.json": b"{}", "backbone/config.json": b"c", "adapter/w.safetensors": b"w"}
+    learner = FakeLearner(files)
+    client = transport.LearnerClient(learner.endpoint, "a", tcfg())
+    try:
+        assert client.join(timeout=10) is not None
+        folder, tmp = _policy_dir({"path": "/not/here"}, client)
+        try:
+            got = {p.relative_to(folder).as_posix(): p.read_bytes() for p in Path(folder).rglob("*") if p.is_file()}
+            assert got == files
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        client.close()
+        learner.close()
+    assert policy_file_parts("backbone/config.json") == ["backbone", "config.json"]
+
+
+def test_the_policy_size_is_checked_on_disk_before_reading(tmp_path, monkeypatch):
+    (tmp_path / "policy.json").write_text("{}")
+    with open(tmp_path / "backbone.bin", "wb") as f:
+        f.truncate(3 << 20)                          # 3 MiB, sparse: over the 1 MiB limit
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail(f"read {self} before checking the size"))
+    cfg = tcfg(max_message_mb=1)
+    control = transport.ControlServer(cfg, welcome_fn_for(["tcp://127.0.0.1:2"]), policy_dir=str(tmp_path),
+                                      endpoint="tcp://127.0.0.1:*")
+    client = transport.LearnerClient(control.endpoint, "a", cfg)
+    try:
+        assert client.join(timeout=10) is not None
+        with pytest.raises(TransportError, match="policy directory is 3 MiB > transport.max_message_mb"):
+            client.fetch_policy_files(timeout=10)
+        control.check()                              # the serving thread read nothing and lives
+    finally:
+        client.close()
+        control.close(notify=False)
+
+
+# ----------------------------------------------------------------------------------------- logs
+def test_control_characters_from_a_peer_cannot_forge_log_lines(caplog):
+    control = transport.ControlServer(tcfg(), welcome_fn_for(["tcp://127.0.0.1:2"]), endpoint="tcp://127.0.0.1:*")
+    peer = RawPeer(control.endpoint, tcfg())
+    evil = "evil\n2099-01-01 learner INFO forged\r\x1b[31m\u202e"
+    try:
+        with caplog.at_level(logging.INFO, logger="asyncvla.transport"):
+            assert peer.ask("hello", {"actor_id": evil, "host": "h\nx", "pid": 1, "num_envs": 0}).kind == "welcome"
+            assert peer.ask("get_policy_files", {"actor_id": evil, "token": "x"}).kind == "error"
+    finally:
+        peer.close()
+        control.close(notify=False)
+    joined = [r.getMessage() for r in caplog.records if "joined" in r.getMessage()]
+    assert joined == ["actor evil\\n2099-01-01 learner INFO forged\\r\\x1b[31m\\u202e joined (h\\nx pid 1)"]
+    for r in caplog.records:
+        assert not any(c in r.getMessage() for c in "\n\r\x1b\u202e"), r.getMessage()
+    assert printable("x" * 300, 10) == "xxxxxxxxxx...(+290 chars)"
+
