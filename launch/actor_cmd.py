@@ -3,6 +3,10 @@
 It needs no config: the learner's welcome carries the config, the policy (a path readable here,
 or its files shipped once), the env spec, the trajectory endpoints and the current weights.
 Start any number, on any host, at any time; stop them at any time.
+
+Until the learner answers, the actor keeps saying hello; after 5 s without an answer it warns
+what to check (is the learner there; does it use CURVE keys, so that this actor needs
+--keys-dir), and again every 30 s. With --join-timeout it gives up instead (exit code 1).
 """
 
 from __future__ import annotations
@@ -23,16 +27,25 @@ def add_parser(sub) -> None:
                    help="seeds this actor's envs apart from the others (default: derived from the id)")
     p.add_argument("--keys-dir", help="CURVE keys made by `asyncvla keygen` (client side)")
     p.add_argument("--max-segments", type=int, help="stop after sending this many segments")
+    p.add_argument("--join-timeout", type=float, metavar="SECONDS",
+                   help="give up (exit code 1) when the learner has not welcomed this actor within "
+                        "SECONDS (default: keep trying, warning every 30 s)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from asyncvla.actors.main import run as run_actor
     from asyncvla.common.config import TransportConfig
+    from asyncvla.common.sockets import TransportError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s actor %(levelname)s %(message)s")
-    if args.num_envs is not None and args.num_envs < 1:
-        raise SystemExit(f"asyncvla actor: --num-envs={args.num_envs} must be >= 1")
+    for flag, value in (("--num-envs", args.num_envs), ("--join-timeout", args.join_timeout)):
+        if value is not None and value <= 0:
+            raise SystemExit(f"asyncvla actor: {flag}={value} must be > 0")
     tcfg = TransportConfig(keys_dir=args.keys_dir)
-    return run_actor(args.learner, actor_id=args.actor_id, num_envs=args.num_envs, device=args.device,
-                     max_segments=args.max_segments, actor_index=args.actor_index, tcfg=tcfg)
+    try:
+        return run_actor(args.learner, actor_id=args.actor_id, num_envs=args.num_envs, device=args.device,
+                         max_segments=args.max_segments, actor_index=args.actor_index, tcfg=tcfg,
+                         join_timeout=args.join_timeout)
+    except TransportError as e:             # phrased for the user: no traceback
+        raise SystemExit(f"asyncvla actor: {e}")

@@ -1,12 +1,15 @@
 """Who may use the channels, over real sockets on loopback: only actors the learner welcomed get
 policy files and weights or push segments; with CURVE, an actor_id belongs to the key that
 registered it; an actor writes only safe policy file names, inside its folder; what peers send
-cannot forge log lines."""
+cannot forge log lines; an actor that gets no answer says what to check."""
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -21,7 +24,7 @@ from asyncvla.common.control import policy_file_parts
 from asyncvla.common.sockets import Node, TransportError, bound_endpoint, printable
 from asyncvla.launch import cli
 from tests.test_protocol import make_segment
-from tests.test_transport import wait_until
+from tests.test_transport import REPO, wait_until
 from tests.test_transport_control import SPEC, tcfg, welcome_fn_for
 
 REQUEST = P.Limits.for_kind("request", 1)
@@ -293,3 +296,22 @@ def test_control_characters_from_a_peer_cannot_forge_log_lines(caplog):
         assert not any(c in r.getMessage() for c in "\n\r\x1b\u202e"), r.getMessage()
     assert printable("x" * 300, 10) == "xxxxxxxxxx...(+290 chars)"
 
+
+# ------------------------------------------------------------------------------ no answer at all
+def test_an_actor_without_keys_says_why_a_curve_learner_is_silent_and_gives_up(tmp_path):
+    keys = tmp_path / "keys"
+    assert cli.main(["keygen", str(keys)]) == 0
+    control = transport.ControlServer(tcfg(keys_dir=str(keys)), welcome_fn_for(["tcp://127.0.0.1:2"]),
+                                      endpoint="tcp://127.0.0.1:*")
+    started = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "actor", "--learner", control.endpoint,
+                               "--join-timeout", "8"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    finally:
+        control.close(notify=False)
+    lines = proc.stderr.splitlines()
+    warning = next(i for i, line in enumerate(lines) if "WARNING no answer from the learner at" in line)
+    assert "pass --keys-dir DIR" in lines[warning] and "still trying" in lines[warning]
+    assert proc.returncode == 1 and lines[-1].startswith("asyncvla actor: no answer from the learner at")
+    assert time.monotonic() - started < 60 and control.counts()["joined_total"] == 0
