@@ -66,9 +66,12 @@ def run(cfg: Config) -> int:
     start_step = step
     metrics = Metrics(str(run_dir / "tb") if rank == 0 else None, cfg.learner.max_steps,
                       cfg.logging.progress, start_step=step, env_steps=env_steps)
-    receiver = transport.TrajectoryReceiver(cfg.transport, rank, _segment_spec(cfg, engine.module.action_tokenizer))
+    auth_key = _token_key(cfg)
+    receiver = transport.TrajectoryReceiver(cfg.transport, rank, _segment_spec(cfg, engine.module.action_tokenizer),
+                                            auth_key=auth_key)
     endpoints = _all_gather(receiver.endpoint)
-    servers = _serve(cfg, run_dir, policy_dir, endpoints, world, lambda: version, metrics) if rank == 0 else ()
+    servers = _serve(cfg, run_dir, policy_dir, endpoints, world, lambda: version, metrics, auth_key) \
+        if rank == 0 else ()
     inbox = Inbox(receiver, cfg.learner.max_policy_lag, on_segment=metrics.add_segment,
                   watchdog=lambda: _check_alive(servers))
     publisher = Publisher(ema, servers[1] if servers else None)
@@ -149,18 +152,20 @@ def _restore(engine, resume_from, cfg: Config, rank: int):
     return state["step"], state["version"], state["env_steps"], ema
 
 
-def _serve(cfg: Config, run_dir: Path, policy_dir: Path, endpoints: list, world: int, version_fn, metrics):
+def _serve(cfg: Config, run_dir: Path, policy_dir: Path, endpoints: list, world: int, version_fn, metrics,
+           auth_key: bytes | None):
     """Rank 0's servers: (control server, weight server). A joining actor's welcome carries the
     config, the endpoints, the policy and its rollout plan (`ingest.rollout_plan`)."""
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     metrics.text("config", "```\n" + to_yaml(cfg) + "\n```")
-    weights = transport.WeightServer(cfg.transport)
+    weights = transport.WeightServer(cfg.transport, auth_key=auth_key)
 
     def welcome(hello: dict) -> dict:
         return {"config": to_dict(cfg), "trajectory_endpoints": endpoints, "weights_endpoint": weights.endpoint,
                 "weight_version": version_fn(), "policy": {"path": str(policy_dir.resolve())},
                 "rollout": rollout_plan(cfg, world, hello["num_envs"] or cfg.actor.num_envs)}
-    control = transport.ControlServer(cfg.transport, welcome_fn=welcome, policy_dir=str(policy_dir))
+    control = transport.ControlServer(cfg.transport, welcome_fn=welcome, policy_dir=str(policy_dir),
+                                      auth_key=auth_key)
     log.info("run dir %s; actors join at %s", run_dir, control.endpoint)
     return control, weights
 
@@ -229,6 +234,16 @@ def _device() -> torch.device:
         return torch.device("cuda", local)
     return torch.device("cpu")
 
+
+
+def _token_key(cfg: Config) -> bytes | None:
+    """The key actor tokens are signed with (common/auth.py). With CURVE keys every rank derives
+    the same one from the learner's secret key (None: the channels' default); without, rank 0
+    draws one and shares it, so that every rank's inbox checks the tokens rank 0's control server
+    issued (a per-process key would leave ranks > 0 checking nothing)."""
+    if cfg.transport.keys_dir:
+        return None
+    return _all_gather(os.urandom(32) if dist.get_rank() == 0 else None)[0]
 
 
 def _all_gather(obj):

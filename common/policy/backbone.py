@@ -144,8 +144,9 @@ def sincos_positions(side: int, dim: int) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------- loading
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
+# safetensors only: a pickled pytorch_model.bin runs code when loaded, and actors load the backbone
+# a learner sends them.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -165,7 +166,7 @@ def load_backbone(path: str, dtype: torch.dtype):
     """Load (model, tokenizer, ImageSpec) from a checkpoint directory onto the CPU in `dtype`."""
     check_backbone_dir(path)
     with quiet():
-        model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype)
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, use_safetensors=True)
         tokenizer = AutoTokenizer.from_pretrained(path)
     inner = getattr(model, "model", None)
     if not all(hasattr(inner, a) for a in ("vision_model", "connector", "text_model")) \
