@@ -10,6 +10,12 @@ The lag rule: a column made by policy version v is used by an update at version 
 0 <= V - v <= max_policy_lag. `Inbox` applies it when a segment arrives and again, through
 `ColumnBuffer.drop_stale`, to columns left over in the buffer while the learner moved on; every
 dropped segment is counted by reason.
+
+Accounting (`Inbox.accounting`): each segment a rank acked ends in exactly one place, so that
+    acked = trained + dropped (invalid by reason, stale, future_version) + buffered
+holds at every moment. A segment counts as trained once its last column went into a batch; one
+partly trained when the lag rule drops its remaining columns counts as dropped "stale" (its
+trained columns are in the column figures, which balance too: added = trained + dropped + buffered).
 """
 
 from __future__ import annotations
@@ -37,15 +43,21 @@ class Batch:
 
 @dataclass
 class ColumnBuffer:
-    """FIFO of segment columns; `take(n)` assembles a Batch of exactly n columns."""
+    """FIFO of segment columns; `take(n)` assembles a Batch of exactly n columns.
+
+    `dropped` counts segments dropped by reason; `trained` segments whose last column was taken;
+    `column_counts` columns added, trained (taken) and dropped."""
     max_policy_lag: int
     dropped: Counter = field(default_factory=Counter)
+    trained: int = 0
+    column_counts: Counter = field(default_factory=Counter)
     _queue: deque = field(default_factory=deque)   # (segment arrays, version, first unused column)
     _columns: int = 0
 
     def add(self, arrays: dict, version: int) -> None:
         self._queue.append([arrays, version, 0])
         self._columns += arrays["action_tokens"].shape[1]
+        self.column_counts["added"] += arrays["action_tokens"].shape[1]
 
     def drop_stale(self, current_version: int) -> None:
         """Forget every column older than max_policy_lag versions (actors run different versions,
@@ -55,6 +67,7 @@ class ColumnBuffer:
             arrays, version, start = entry
             if current_version - version > self.max_policy_lag:
                 self._columns -= arrays["action_tokens"].shape[1] - start
+                self.column_counts["dropped"] += arrays["action_tokens"].shape[1] - start
                 self.dropped["stale"] += 1
             else:
                 keep.append(entry)
@@ -63,6 +76,11 @@ class ColumnBuffer:
     @property
     def columns(self) -> int:
         return self._columns
+
+    @property
+    def segments(self) -> int:
+        """Segments with columns still buffered (a partly taken one included)."""
+        return len(self._queue)
 
     def take(self, n: int) -> Batch:
         assert n <= self._columns, "take() called before enough columns arrived"
@@ -75,9 +93,11 @@ class ColumnBuffer:
             parts.append((arrays, version, start, start + k))
             if k == avail:
                 self._queue.popleft()
+                self.trained += 1
             else:
                 entry[2] = start + k
             self._columns -= k
+            self.column_counts["trained"] += k
             n -= k
         return concat_columns(parts)
 
@@ -158,6 +178,23 @@ class Inbox:
         invalid = sum(self.receiver.stats.get("invalid", {}).values())
         return {"stale": self._stale + self.buffer.dropped["stale"], "future_version": self._future,
                 "invalid": invalid}
+
+    def accounting(self) -> dict:
+        """Where every segment this rank acked went (see the module docstring): acked (valid or
+        not: the receiver acks each message it takes), trained, dropped by reason (invalid ones
+        by the receiver's reasons), still buffered; and the columns of the buffered segments."""
+        stats = self.receiver.stats
+        invalid = {str(k): int(v) for k, v in stats.get("invalid", {}).items()}
+        dropped = {"stale": self._stale + self.buffer.dropped["stale"], "future_version": self._future,
+                   "invalid": sum(invalid.values())}
+        acked = int(stats.get("received", 0)) + dropped["invalid"]
+        buf = self.buffer
+        out = {"acked": acked, "trained": buf.trained, "dropped": dropped, "invalid": invalid,
+               "buffered": buf.segments,
+               "columns": {"added": buf.column_counts["added"], "trained": buf.column_counts["trained"],
+                           "dropped": buf.column_counts["dropped"], "buffered": buf.columns}}
+        out["balanced"] = acked == buf.trained + sum(dropped.values()) + buf.segments
+        return out
 
 
 def rollout_plan(cfg, num_ranks: int, actor_envs: int) -> dict[str, int]:

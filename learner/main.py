@@ -8,7 +8,8 @@ weight server. The loop, once per update:
     update     V-trace targets + PPO epochs on the ZeRO-3 engine
     publish    every publish_interval: gather the trainable weights (all ranks), EMA, serve (rank 0)
     report     every rank's figures combined (one collective), logged by rank 0
-    checkpoint every save_interval; stop at the budget (updates, env steps or time)
+    checkpoint every save_interval (with the segment accounting: RUN/accounting/); stop at the budget
+               (updates, env steps or time)
 At the end — by the budget, or by SIGTERM/SIGINT (`asyncvla train` forwards Ctrl-C as SIGTERM),
 which every rank notices at the same update boundary — a final checkpoint, then a "shutdown"
 to the actors.
@@ -33,7 +34,7 @@ from asyncvla.common.rundir import run_dir as run_dir_of_config
 from asyncvla.common.signals import stop_on_signals
 from asyncvla.learner import checkpoint, engine as ds_engine
 from asyncvla.learner.ingest import Inbox, rollout_plan
-from asyncvla.learner.metrics import Metrics, group
+from asyncvla.learner.metrics import Metrics, group, write_accounting
 from asyncvla.learner.publish import EmaPublisher, Publisher
 from asyncvla.learner.update import update
 
@@ -98,6 +99,7 @@ def run(cfg: Config) -> int:
                                 device=device, time_up=_time_up(cfg, started), rank0_only=_server_figures(servers))
         if cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0:
             _save(engine, run_dir, step, version, metrics.env_steps, ema, cfg)
+            write_accounting(run_dir, step, inbox, servers)     # acked = trained + dropped + buffered
         if report["time_up"] or (cfg.learner.max_env_steps and metrics.env_steps >= cfg.learner.max_env_steps):
             break
 
@@ -105,6 +107,7 @@ def run(cfg: Config) -> int:
     # would replace the very checkpoint it stands on)
     if step > start_step and (not cfg.checkpoint.save_interval or step % cfg.checkpoint.save_interval):
         _save(engine, run_dir, step, version, metrics.env_steps, ema, cfg)
+    write_accounting(run_dir, step, inbox, servers)
     log.info("finished at step %d (version %d)", step, version)
     metrics.close()
     for closable in (*servers, inbox.receiver):

@@ -7,11 +7,19 @@ system/* (actors, drops, memory).
 Every rank counts what it received and computes its own loss statistics; once per update
 `Metrics.report` combines them over ranks with one collective (a fixed-size vector per rank) and
 rank 0 writes. Between reports a rank holds a fixed set of sums, so nothing grows on any rank.
+
+At each checkpoint and at the end, `write_accounting` writes where every segment a rank acked
+went (RUN/accounting/rank_<r>.json, see learner/ingest.py) and, on rank 0, what the control and
+weight servers refused, by reason.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -30,6 +38,9 @@ GROUPS = {
 SUMMED = ("segments", "lag_sum", "episodes", "return_sum", "length_sum", "success_sum", "env_steps",
           "dropped_stale", "dropped_future_version", "dropped_invalid")
 MAXED = ("lag_max", "train/actor/ratio_max", "actors_seen", "time_up")
+ACCOUNTING_DIR = "accounting"
+
+log = logging.getLogger("asyncvla.learner")
 
 
 def group(stats: dict) -> dict:
@@ -153,3 +164,32 @@ class Metrics:
         if self.writer is not None:
             self.writer.flush()
             self.writer.close()
+
+
+def write_accounting(run_dir, step: int, inbox, servers=()) -> Path:
+    """RUN/accounting/rank_<r>.json: this learner process's segment accounting (`Inbox.accounting`:
+    acked = trained + dropped + buffered) at `step`, and on rank 0 the servers' figures (requests
+    refused by reason, the actor registry). Replaced whole (a reader never sees half a file);
+    a resumed run starts its counts afresh. Logged too; a write that fails is only logged."""
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    record = {"rank": rank, "step": step, "pid": os.getpid(), "time": time.time(), **inbox.accounting()}
+    if servers:
+        control, weights = servers
+        record["control"] = {"messages": control.stats["messages"], "invalid": dict(control.stats["invalid"]),
+                             "registry": control.counts()}
+        record["weights"] = {**{k: v for k, v in weights.stats.items() if k != "invalid"},
+                             "invalid": dict(weights.stats["invalid"])}
+    path = Path(run_dir) / ACCOUNTING_DIR / f"rank_{rank}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("segment accounting not written to %s: %s", path, e)
+    d = record["dropped"]
+    log.info("segments (rank %d, step %d): acked %d = trained %d + dropped %d (invalid %d, stale %d, "
+             "future_version %d) + buffered %d%s", rank, step, record["acked"], record["trained"],
+             sum(d.values()), d["invalid"], d["stale"], d["future_version"], record["buffered"],
+             "" if record["balanced"] else "  UNBALANCED")
+    return path
