@@ -35,6 +35,7 @@ from typing import Callable
 import zmq
 
 from asyncvla.common.auth import actor_token, peer_key, valid_token
+from asyncvla.common.signals import LAUNCHER_PID_ENV
 from asyncvla.common.protocol import (REQUEST_MAX_BYTES, Limits, Message, ValidationError, decode_control,
                                       encode_control, files_of, MAX_NAME_LEN)
 from asyncvla.common.sockets import (DropLog, Node, ServiceThread, TransportError, advertised, bind_endpoint,
@@ -48,6 +49,9 @@ WELCOME_KEYS = {"config": dict, "trajectory_endpoints": list, "weights_endpoint"
                 "weight_version": int, "policy": dict, "rollout": dict, "token": str}
 NO_ANSWER_WARN_S = 5.0        # an actor waiting this long for its welcome says why it may be
 NO_ANSWER_REPEAT_S = 30.0     # ... and again this often while it keeps trying
+# Actors and the evaluator that `asyncvla train` starts come up beside a learner that takes tens
+# of seconds to start (DeepSpeed on a CPU): their first warning waits longer.
+LAUNCHED_WARN_S = 120.0
 MAX_PATH_PARTS = 8            # policy files lie at most this deep in the policy directory
 
 
@@ -313,8 +317,8 @@ class LearnerClient:
     """An actor's link to the learner: join, heartbeats, rejoin after a learner restart.
 
     join(timeout, stop) -> the welcome dict (None on time-out / stop / shutdown), retrying with
-    back-off, and warning after NO_ANSWER_WARN_S (then every NO_ANSWER_REPEAT_S) what may keep
-    the learner silent. After it, a background thread heartbeats; `learner_alive` turns False
+    back-off, and warning after NO_ANSWER_WARN_S (LAUNCHED_WARN_S in a process `asyncvla train`
+    started; then every NO_ANSWER_REPEAT_S) what may keep the learner silent. After it, a background thread heartbeats; `learner_alive` turns False
     when the learner is silent for heartbeat_timeout_s and the client says hello again with
     back-off until it answers (`rejoins` counts the successes, `welcome` holds the latest,
     `token` the latest welcome's token, which the actor's other requests carry). `finished`
@@ -352,7 +356,7 @@ class LearnerClient:
             self._thread.start()
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
-        warn_at = started + NO_ANSWER_WARN_S
+        warn_at = started + (LAUNCHED_WARN_S if os.environ.get(LAUNCHER_PID_ENV) else NO_ANSWER_WARN_S)
         while not self._joined.wait(0.05):
             self._thread.check()
             if self.error:
