@@ -101,3 +101,22 @@ def test_cli_unknown_key_exits_nonzero(tmp_path):
                          "actor.num_envs=3"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert "num_envs: 3" in ok.stdout
+
+
+def test_gpu_config_builds_a_smolvlm_256m_shaped_policy():
+    """configs/maniskill_gpu.yaml: its backbone has SmolVLM-256M's shape (~0.26 B parameters), built
+    on the meta device (no memory), and the policy's image size suits its 16 px patches."""
+    import torch
+    from transformers import Idefics3ForConditionalGeneration
+
+    from asyncvla.common.policy.backbone import build_tiny_tokenizer, tiny_backbone_config
+
+    cfg = load_config(REPO / "configs" / "maniskill_gpu.yaml")
+    p = cfg.policy
+    config = tiny_backbone_config(p.backbone, p.image_size, build_tiny_tokenizer(p.backbone.vocab_size - p.n_bins))
+    with torch.device("meta"):
+        model = Idefics3ForConditionalGeneration(config)
+    params = sum(t.numel() for t in model.parameters())
+    assert 0.24e9 < params < 0.29e9, params
+    assert cfg.env.sim_backend == "physx_cpu" and cfg.env.render_backend == "gpu"
+    assert cfg.actor.device == "cuda" and p.is_lora and p.action_head == "parallel"
