@@ -46,7 +46,8 @@ def actor_token(key: bytes, actor_id: str, peer: str) -> str:
 
 def valid_token(key: bytes, actor_id, peer: str, token) -> bool:
     """True when `token` is the one the learner gave `actor_id` joining from `peer`."""
-    if type(token) is not str or type(actor_id) is not str:
+    # (compare_digest raises TypeError on a str with non-ASCII characters: a peer's token may hold any)
+    if type(token) is not str or type(actor_id) is not str or not token.isascii():
         return False
     return hmac.compare_digest(token, actor_token(key, actor_id, peer))
 
