@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tests.benchmarks import report
 
-DEFAULT = ("async_sync", "weight_publish", "transport", "actor_scaling", "learner_scaling", "learning")
+DEFAULT = ("async_sync", "weight_publish", "transport", "actor_scaling", "learner_scaling", "learning", "multinode")
 EXTRA = ("env_throughput", "policy_throughput")
 
 
