@@ -120,3 +120,14 @@ def test_gpu_config_builds_a_smolvlm_256m_shaped_policy():
     assert 0.24e9 < params < 0.29e9, params
     assert cfg.env.sim_backend == "physx_cpu" and cfg.env.render_backend == "gpu"
     assert cfg.actor.device == "cuda" and p.is_lora and p.action_head == "parallel"
+
+
+def test_overrides_may_follow_options():
+    from asyncvla.launch.cli import parse
+
+    args = parse(["train", "configs/pixel_task.yaml", "actor.num_envs=4", "--sync", "learner.max_steps=9"])
+    assert args.overrides == ["actor.num_envs=4", "learner.max_steps=9"] and args.sync
+    with pytest.raises(SystemExit):
+        parse(["train", "configs/pixel_task.yaml", "--no-such-flag"])
+    with pytest.raises(SystemExit):
+        parse(["keygen", "keys", "learner.max_steps=9"])        # keygen takes no overrides
