@@ -1,0 +1,1337 @@
+"""The fault suite: a real run under attack, and a table of what happened.
+
+    result = run_suite(out_dir, QUICK)       # tests/test_faults.py; FULL: tests/benchmarks/faults.py
+    print_table(result.rows)
+
+The run is `asyncvla train configs/pixel_task.yaml` with a small backbone on loopback: a DeepSpeed
+ZeRO-3 learner (`Sizes.ranks` ranks), `Sizes.actors` local actors and the evaluator, without CURVE
+keys (so that any peer reaches the decoders), its checkpoints on a small tmpfs where one can be
+mounted (for the disk-full attack). The attacks, each a function taking its size and returning a
+Row (fault, count tried, outcome, problems, the learner's segment accounting over the attack, its
+RSS), in the order run_suite runs them:
+
+  fuzz <port>      messages to the control, weights and trajectory ports: random bytes, flipped
+                   and truncated headers, deep nesting, huge shapes, many frames, wrong types,
+                   valid-looking messages with out-of-range values; on the trajectory port also
+                   segments of a registered fuzz actor that are stale, from a future version, or
+                   valid (trained on), and valid ones without its token
+  hello flood      hellos with fresh actor ids (each registers an actor, who then times out)
+  spoofing         heartbeats, byes, get_policy_files and get_weights for the live actors' ids
+                   without their token
+  disk full        ballast fills the checkpoints' tmpfs until a save fails; then it goes
+  actor churn      SIGKILL a random local actor every `churn_every_s` for `churn_s`
+  launcher SIGINT  exit 0 with a final checkpoint; --resume continues from its step
+  learner SIGKILL  the ranks killed, every other time during a save (a tag without its marker),
+                   else at a random moment; each time --resume continues from the newest complete
+                   checkpoint
+  launcher SIGKILL no process of the run left after 5 s
+  escaping names   a fake learner serving policy files whose names try to leave the actor's folder
+
+A Row's problems (the suite passes when every row has none): a learner or actor that died unless
+killed here, a traceback in a log, a run that stopped making progress (hang), an unauthorised
+action (a spoofed request answered as if from the actor, a registry change by one, weights or
+policy files served to a peer without a token, a file written outside the actor's folder), an
+accounting record where acked != trained + dropped + buffered, and learner RSS above the bound.
+The learner's accounting comes from RUN/accounting/rank_<r>.json (learner/metrics.py), written at
+each checkpoint (every `save_interval` updates here) and at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import zmq
+
+from asyncvla.common import protocol as P
+from asyncvla.common.signals import descendants, process_start_time, python_module
+from tests.test_e2e import free_port
+from tests.test_e2e_system import SMALL_BACKBONE, start
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = str(REPO / "configs" / "pixel_task.yaml")
+LEARNER_MODULE = "asyncvla.learner.main"
+BATCH = 4                    # learner.batch_trajectories: one segment of 4 envs per update and rank
+SAVE_INTERVAL = 5
+STOP_GRACE_S = 60.0
+PROGRESS_S = 120.0           # a run that saves no new checkpoint for this long hangs
+TAG_RE = re.compile(r"^step_(\d{8,})$")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much of each attack: QUICK for `make test`, FULL for `make bench`."""
+    fuzz_per_port: int = 10_000
+    hellos: int = 2_000
+    spoofs: int = 400            # of each kind (heartbeat, bye, get_policy_files, get_weights)
+    valid_segments: int = 20     # of the trajectory fuzz: valid segments of a registered fuzz actor
+    churn_s: float = 30.0
+    churn_every_s: float = 10.0
+    learner_kills: int = 1       # the 1st, 3rd, ... during a save, the others at random moments
+    ranks: int = 1
+    actors: int = 2
+    rss_bound_mb: float = 100.0  # learner RSS (any rank) may exceed its level before the attacks by this
+    seed: int = 0
+
+
+QUICK = Sizes()
+FULL = Sizes(hellos=10_000, spoofs=2_500, valid_segments=200, churn_s=180.0, learner_kills=4, ranks=2)
+
+
+# ---------------------------------------------------------------------------------- the table
+@dataclass
+class Accounts:
+    """The learner's segment accounting summed over its ranks (learner/ingest.py Inbox.accounting)."""
+    step: int
+    acked: int
+    trained: int
+    buffered: int
+    dropped: dict                # stale, future_version, invalid
+    invalid: dict                # the invalid ones by the receiver's reason
+    columns_trained: int
+    balanced: bool               # every rank's acked == trained + dropped + buffered
+    records: list = field(default_factory=list, repr=False)
+
+    @classmethod
+    def of(cls, records: list[dict]) -> "Accounts":
+        dropped, invalid = {}, {}
+        for r in records:
+            for k, v in r["dropped"].items():
+                dropped[k] = dropped.get(k, 0) + v
+            for k, v in r["invalid"].items():
+                invalid[k] = invalid.get(k, 0) + v
+        return cls(step=min(r["step"] for r in records), acked=sum(r["acked"] for r in records),
+                   trained=sum(r["trained"] for r in records), buffered=sum(r["buffered"] for r in records),
+                   dropped=dropped, invalid=invalid,
+                   columns_trained=sum(r["columns"]["trained"] for r in records),
+                   balanced=all(_balanced(r) for r in records), records=records)
+
+    def minus(self, before: "Accounts | None") -> "Accounts":
+        """What changed since `before` (the same learner processes), else all of it."""
+        if before is None or {r["pid"] for r in before.records} != {r["pid"] for r in self.records}:
+            return self
+        sub = lambda a, b: {k: a.get(k, 0) - b.get(k, 0) for k in a if a.get(k, 0) - b.get(k, 0)}  # noqa: E731
+        return Accounts(self.step, self.acked - before.acked, self.trained - before.trained,
+                        self.buffered - before.buffered, sub(self.dropped, before.dropped),
+                        sub(self.invalid, before.invalid), self.columns_trained - before.columns_trained,
+                        self.balanced and before.balanced, self.records)
+
+    @property
+    def dropped_total(self) -> int:
+        return sum(self.dropped.values())
+
+    def dropped_text(self, top: int = 4) -> str:
+        parts = [f"{k} {v}" for k, v in self.dropped.items() if k != "invalid" and v]
+        if self.dropped.get("invalid"):
+            reasons = sorted(self.invalid.items(), key=lambda kv: -kv[1])
+            shown = ", ".join(f"{k} {v}" for k, v in reasons[:top])
+            more = f", +{len(reasons) - top} reasons" if len(reasons) > top else ""
+            parts.insert(0, f"invalid {self.dropped['invalid']} ({shown}{more})")
+        return "; ".join(parts) or "0"
+
+
+def _balanced(record: dict) -> bool:
+    return record["acked"] == record["trained"] + sum(record["dropped"].values()) + record["buffered"]
+
+
+@dataclass
+class Row:
+    fault: str
+    tried: int = 0
+    outcome: str = ""
+    problems: list = field(default_factory=list)
+    unauthorised: int = 0
+    accounts: Accounts | None = None
+    rss_mb: float | None = None         # the learner's RSS, most of any rank, during the attack
+    skipped: str = ""                   # why the attack could not run here
+    seconds: float = 0.0
+    detail: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        a = self.accounts
+        return {"fault": self.fault, "tried": self.tried, "outcome": self.outcome, "problems": self.problems,
+                "unauthorised": self.unauthorised, "rss_mb": self.rss_mb, "skipped": self.skipped,
+                "seconds": round(self.seconds, 1), "detail": self.detail,
+                "accounts": None if a is None else {
+                    "acked": a.acked, "trained": a.trained, "buffered": a.buffered, "dropped": a.dropped,
+                    "invalid": a.invalid, "balanced": a.balanced}}
+
+
+def print_table(rows: list[Row], title: str = "") -> None:
+    header = ("fault", "tried", "outcome", "acked", "trained", "dropped (by reason)", "buffered", "RSS MB")
+    lines = []
+    for r in rows:
+        a = r.accounts
+        outcome = f"SKIPPED: {r.skipped}" if r.skipped else r.outcome
+        if r.problems:
+            outcome += f"  PROBLEMS: {'; '.join(r.problems)}"
+        lines.append((r.fault, f"{r.tried:,}", outcome, *(("-",) * 4 if a is None else (
+            f"{a.acked:,}", f"{a.trained:,}", a.dropped_text(), f"{a.buffered:,}")),
+            "-" if r.rss_mb is None else f"{r.rss_mb:.0f}"))
+    widths = [max(len(x[i]) for x in lines + [header]) for i in range(len(header))]
+    widths[2] = min(widths[2], 70)
+    fmt = lambda cells: "  ".join(c.ljust(w) if i in (0, 2, 5) else c.rjust(w)   # noqa: E731
+                                  for i, (c, w) in enumerate(zip(cells, widths)))
+    if title:
+        print(title)
+    print(fmt(header))
+    print("-" * (sum(widths) + 2 * (len(widths) - 1)))
+    for cells in lines:
+        print(fmt(cells))
+
+
+# ------------------------------------------------------------------------------------ the run
+def suite_overrides(out: Path, name: str, ports: dict, sizes: Sizes) -> list[str]:
+    """A small, fast run that would go on for hours: 1 segment of 4 envs x 4 steps per update
+    and rank, a checkpoint every SAVE_INTERVAL updates (only the newest kept, so that a full disk
+    fails a save: see checkpoint.make_room), an evaluator that joins and idles."""
+    return [f"logging.output_dir={out}", f"logging.experiment_name={name}", "logging.progress=false",
+            "learner.max_steps=1000000", f"learner.batch_trajectories={BATCH * sizes.ranks}",
+            "learner.micro_batch_size=16", "actor.num_envs=4", "actor.rollout_length=4",
+            "algorithm.num_minibatches=1", "algorithm.update_epochs=1", *SMALL_BACKBONE,
+            f"checkpoint.save_interval={SAVE_INTERVAL}", "checkpoint.keep_last=1",
+            f"launch.num_local_actors={sizes.actors}", f"launch.num_learner_ranks={sizes.ranks}",
+            "launch.max_actor_restarts=100000", "eval.eval_interval=1000000", "eval.num_episodes=2",
+            "transport.max_message_mb=8",
+            *(f"{k}={v}" for k, v in ports.items())]
+
+
+def free_ports() -> dict:
+    return {"transport.control_port": free_port(), "transport.weights_port": free_port(),
+            "transport.trajectory_port": free_port(), "launch.master_port": free_port()}
+
+
+class Run:
+    """One `asyncvla train` (or `--resume`) in its own session, its output in `log`. A watcher
+    thread records every process below the launcher (so that none escapes the end-of-run checks)
+    and each learner rank's RSS."""
+
+    def __init__(self, out: Path, name: str, overrides: list[str], ports: dict, ranks: int, resume: bool = False,
+                 label: str = ""):
+        self.dir, self.ranks, self.ports = out / name, ranks, ports
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.log = out / f"{name}-{label or 'train'}.log"
+        cmd = [sys.executable, "-m", "asyncvla.launch.cli", "train", CONFIG, *overrides]
+        if resume:
+            cmd += ["--resume", str(self.dir)]
+        self.proc = start(cmd, self.log)
+        self.procs: dict[int, tuple] = {}        # pid -> (start time, module, cmdline)
+        self.rss: list[tuple[float, int, int]] = []   # (time, learner pid, RSS bytes)
+        self._stop = threading.Event()
+        self._watch = threading.Thread(target=self._watcher, daemon=True)
+        self._watch.start()
+
+    # -- processes
+    def _watcher(self) -> None:
+        while not self._stop.is_set():
+            for pid in descendants(self.proc.pid):
+                if pid not in self.procs:
+                    t = process_start_time(pid)
+                    if t is not None:
+                        self.procs[pid] = (t, python_module(pid), _cmdline(pid))
+            for pid in self.learners():
+                rss = _rss(pid)
+                if rss is not None:
+                    self.rss.append((time.time(), pid, rss))
+            self._stop.wait(0.25)
+
+    def alive(self) -> dict[int, tuple]:
+        return {p: v for p, v in list(self.procs.items()) if process_start_time(p) == v[0]}
+
+    def learners(self) -> list[int]:
+        return [p for p, v in self.alive().items() if v[1] == LEARNER_MODULE]
+
+    def actors(self) -> list[int]:
+        return [p for p, v in self.alive().items() if v[1] == "asyncvla.launch.cli" and " actor " in v[2]]
+
+    def evaluator_ids(self) -> list[str]:
+        host = socket.gethostname()
+        return [f"evaluator-{host}-{p}" for p, v in self.alive().items() if v[1] == "asyncvla.actors.evaluator"]
+
+    def close(self) -> None:
+        """Stop whatever is left of the run (SIGKILL to every process seen)."""
+        if self.proc.poll() is None:
+            _kill(self.proc.pid)
+        for p in self.alive():
+            _kill(p)
+        self.proc.wait()
+        self._stop.set()
+        self._watch.join()
+
+    # -- progress
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def step(self) -> int:
+        """The newest complete checkpoint's step (0 before the first)."""
+        return max((int(m.group(1)) for d in _scan(self.dir / "checkpoints") if (m := TAG_RE.match(d.name))
+                    and os.path.exists(os.path.join(d.path, "COMPLETE.json"))), default=0)
+
+    def wait(self, predicate, timeout: float, what: str) -> None:
+        deadline = time.time() + timeout
+        while not predicate():
+            if self.proc.poll() is not None:
+                raise Hang(f"the run ended (code {self.proc.returncode}) while waiting for {what}")
+            if time.time() > deadline:
+                raise Hang(f"no {what} within {timeout:.0f} s")
+            time.sleep(0.2)
+
+    def wait_step(self, step: int, timeout: float = PROGRESS_S) -> int:
+        self.wait(lambda: self.step() >= step, timeout, f"checkpoint of step {step}")
+        return self.step()
+
+    def accounts(self, newer_than: int = -1, timeout: float = PROGRESS_S, current: bool = True) -> Accounts:
+        """The accounting every rank wrote at one step > newer_than (by the learner processes
+        running now when `current`, else whatever was written last)."""
+        deadline = time.time() + timeout
+        while True:
+            recs = _read_accounting(self.dir, self.ranks)
+            pids = set(self.learners()) if current else None
+            if recs and len({r["step"] for r in recs}) == 1 and recs[0]["step"] > newer_than and \
+                    (pids is None or {r["pid"] for r in recs} <= pids):
+                return Accounts.of(recs)
+            if not current or time.time() > deadline:
+                if recs and not current:
+                    return Accounts.of(recs)
+                raise Hang(f"no segment accounting after step {newer_than} within {timeout:.0f} s")
+            if self.proc.poll() is not None:
+                raise Hang(f"the run ended (code {self.proc.returncode}) before writing its accounting")
+            time.sleep(0.2)
+
+    def rss_mb(self, since: float, until: float | None = None) -> float | None:
+        """The most RSS any learner rank had between the two times, MB."""
+        until = until or time.time()
+        values = [rss for t, _, rss in list(self.rss) if since <= t <= until]
+        return max(values) / 2**20 if values else None
+
+    def crashes(self) -> list[str]:
+        """Tracebacks in the log, and local actors that exited other than by our SIGKILL or 0."""
+        text = self.text()
+        out = [f"{n} traceback(s) in {self.log.name}" for n in [text.count("Traceback (most recent call last)")] if n]
+        for i, code in re.findall(r"asyncvla: actor (\d+) exited with (-?\d+)", text):
+            if int(code) != -signal.SIGKILL:
+                out.append(f"actor {i} exited with {code}")
+        return out
+
+
+class Hang(AssertionError):
+    """The run did not get somewhere it must within its time."""
+
+
+def _read_accounting(run_dir: Path, ranks: int) -> list[dict]:
+    recs = []
+    for r in range(ranks):
+        try:
+            recs.append(json.loads((run_dir / "accounting" / f"rank_{r}.json").read_text()))
+        except (OSError, ValueError):
+            return []
+    return recs
+
+
+def _scan(path: Path) -> list:
+    try:
+        return list(os.scandir(path))
+    except OSError:
+        return []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return " " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _rss(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _kill(pid: int, sig=signal.SIGKILL) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _log_lines_after(run: Run, mark: int, pattern: str) -> list[re.Match]:
+    return list(re.finditer(pattern, run.text()[mark:]))
+
+
+# ------------------------------------------------------------------------------------ sockets
+class Peer:
+    """A bare DEALER connected to `endpoints` (what any peer can run); replies are counted by kind."""
+
+    def __init__(self, endpoints, **options):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.linger = 0
+        for k, v in options.items():
+            self.sock.setsockopt(getattr(zmq, k), v)
+        for ep in [endpoints] if isinstance(endpoints, str) else endpoints:
+            self.sock.connect(ep)
+        self.replies: dict[str, int] = {}
+        self.last: dict[str, P.Message] = {}
+
+    def send(self, frames, timeout_ms: int = -1) -> bool:
+        self.sock.sndtimeo = timeout_ms
+        try:
+            self.sock.send_multipart(frames, copy=False)
+            return True
+        except zmq.Again:
+            return False
+
+    def drain(self, wait_ms: int = 0) -> None:
+        """Read every reply there is (waiting up to wait_ms for the first)."""
+        while self.sock.poll(wait_ms):
+            wait_ms = 0
+            frames = self.sock.recv_multipart(copy=False)
+            if len(frames) == 1 and len(frames[0]) == 0:
+                kind = "ack"
+            else:
+                try:
+                    msg = P.decode(frames, P.Limits.for_kind("control", 64))
+                    kind = msg.kind
+                    self.last[kind] = msg
+                except P.ValidationError:
+                    kind = "undecodable"
+            self.replies[kind] = self.replies.get(kind, 0) + 1
+
+    def settle(self, quiet_s: float = 1.0, timeout_s: float = 30.0) -> None:
+        """Read replies until none came for quiet_s."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            before = sum(self.replies.values())
+            self.drain(int(quiet_s * 1000))
+            if sum(self.replies.values()) == before:
+                return
+
+    def ask(self, kind: str, meta: dict, timeout_s: float = 10.0) -> P.Message | None:
+        self.last.clear()
+        self.send(P.encode_control(kind, meta))
+        deadline = time.time() + timeout_s
+        while time.time() < deadline and not self.last:
+            self.drain(100)
+        return next(iter(self.last.values()), None)
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def endpoints(run: Run) -> dict:
+    p = run.ports
+    return {"control": f"tcp://127.0.0.1:{p['transport.control_port']}",
+            "weights": f"tcp://127.0.0.1:{p['transport.weights_port']}",
+            "trajectory": [f"tcp://127.0.0.1:{p['transport.trajectory_port'] + r}" for r in range(run.ranks)]}
+
+
+def register(run: Run, actor_id: str) -> tuple[str, dict]:
+    """(token, welcome) of a peer that says hello as `actor_id` (any peer may, without CURVE)."""
+    peer = Peer(endpoints(run)["control"])
+    try:
+        welcome = peer.ask("hello", {"actor_id": actor_id, "host": "fuzz", "pid": 1, "num_envs": 1}, 30)
+    finally:
+        peer.close()
+    if welcome is None or welcome.kind != "welcome":
+        raise Hang(f"no welcome for {actor_id!r}")
+    return welcome.meta["token"], welcome.meta
+
+
+# ----------------------------------------------------------------------------------- the fuzz
+DEEP_MARK = msgpack.packb("\x00deep\x00")
+HOSTILE = ("random_bytes", "flipped_header", "truncated", "deep_nesting", "huge_shape", "many_frames",
+           "bad_types", "out_of_range")
+ODD_VALUES = [None, True, False, 1.5, float("nan"), "x", "", [1], {"a": 1}, b"\x00", 2**64 - 1, -2**63,
+              2**63, "é" * 300]
+
+
+def _deep(rng) -> bytes:
+    depth = int(rng.choice([17, 64, 600, 5000, 50_000]))     # msgpack's own stack gives out at 1024
+    return b"\x91" * (depth - 1) + b"\x90"
+
+
+def _pack(header, deep: bytes | None = None) -> bytes:
+    packed = msgpack.packb(header, use_bin_type=True)
+    return packed if deep is None else packed.replace(DEEP_MARK, deep, 1)
+
+
+def hostile(rng, category: str, header: dict, frames: list, out_of_range) -> list:
+    """One message of a hostile `category` made from a valid (header, array frames)."""
+    packed = _pack(header)
+    if category == "random_bytes":
+        return [rng.bytes(int(rng.integers(0, 2000))) for _ in range(int(rng.integers(1, 5)))]
+    if category == "flipped_header":
+        h = bytearray(packed)
+        for _ in range(int(rng.integers(1, 4))):
+            h[int(rng.integers(len(h)))] ^= int(rng.integers(1, 256))
+        return [bytes(h), *frames]
+    if category == "truncated":
+        if frames and rng.random() < 0.5:
+            k = int(rng.integers(len(frames)))
+            return [packed, *frames[:k], bytes(memoryview(frames[k])[:max(0, len(frames[k]) - 3)]), *frames[k + 1:]]
+        return [packed[:int(rng.integers(len(packed)))], *frames]
+    if category == "deep_nesting":
+        where = rng.integers(3)
+        h = dict(header, meta="\x00deep\x00") if where == 0 else \
+            dict(header, arrays=[*header["arrays"], "\x00deep\x00"]) if where == 1 else \
+            dict(header, meta={**header["meta"], "x": "\x00deep\x00"})
+        return [_pack(h, _deep(rng)), *frames]
+    if category == "huge_shape":
+        shape = [[1 << 62, 1 << 62, 0], [2**40 + 1], [2**63 - 1], [2**64 - 1], [-1], [1.5], list(range(1, 10)),
+                 "x", [2**31] * 4][int(rng.integers(9))]
+        arrays = [list(a) for a in header["arrays"]] or [["f", "uint8", []]]
+        arrays[int(rng.integers(len(arrays)))][2] = shape
+        return [_pack(dict(header, arrays=arrays)), *(frames or [b""])]
+    if category == "many_frames":
+        n = int(rng.integers(1, 400))
+        return [packed, *frames, *([rng.bytes(int(rng.integers(0, 64)))] * n)]
+    if category == "bad_types":
+        h = dict(header, meta=dict(header["meta"]))
+        choice = rng.integers(5)
+        if choice == 0 and h["meta"]:
+            h["meta"][str(rng.choice(list(h["meta"])))] = ODD_VALUES[int(rng.integers(len(ODD_VALUES)))]
+        elif choice == 1:
+            h["type"] = ODD_VALUES[int(rng.integers(len(ODD_VALUES)))]
+        elif choice == 2:
+            h["v"] = ODD_VALUES[int(rng.integers(len(ODD_VALUES)))]
+        elif choice == 3:
+            return [msgpack.packb(ODD_VALUES[int(rng.integers(len(ODD_VALUES)))]), *frames]
+        else:
+            return [msgpack.packb({1: 2, "type": header["type"]}), *frames]      # a non-string key
+        return [_pack(h), *frames]
+    return out_of_range(rng)
+
+
+# Per port: valid-looking messages with out-of-range values (some of them acceptable: a hello with
+# an odd pid or num_envs registers an actor like any hello).
+def control_fuzz(count: int, rng, real_ids: list[str]):
+    kinds = {"hello": {"actor_id": "fuzz-0", "host": "fuzz", "pid": 1, "num_envs": 4},
+             "heartbeat": {"actor_id": "local-0", "token": "0" * 64},
+             "bye": {"actor_id": "local-0", "token": "0" * 64},
+             "get_policy_files": {"actor_id": "local-0", "token": "0" * 64}}
+
+    def out_of_range(rng):
+        kind = str(rng.choice(["hello", "heartbeat", "bye", "get_policy_files", "welcome", "shutdown",
+                               "policy_files", "get_weights", "no_weights", "error", "rejoin"]))
+        meta = dict(kinds.get(kind, {}))
+        if kind == "hello":
+            meta.update(actor_id=f"fuzz-{int(rng.integers(1 << 30))}", pid=int(rng.choice([-1, 0, 2**63 - 1])),
+                        num_envs=int(rng.choice([-5, 0, 10**12, 2**63 - 1])))
+            if rng.random() < 0.3:
+                meta[str(rng.choice(["actor_id", "host"]))] = str(rng.choice(["", "h" * 257, "\x00\n\r\x1b[31m"]))
+        elif meta:
+            meta["actor_id"] = str(rng.choice([*real_ids, "", "a" * 257, "x\n"]))
+            meta["token"] = str(rng.choice(["", "0" * 64, "f" * 63, "é"]))
+        return P.encode(kind, meta)
+
+    return _fuzz_stream(count, rng, kinds, out_of_range, HOSTILE)
+
+
+def weights_fuzz(count: int, rng, real_ids: list[str]):
+    kinds = {"get_weights": {"newer_than": -1, "wait_ms": 0, "actor_id": "local-0", "token": "0" * 64}}
+
+    def out_of_range(rng):
+        meta = {"newer_than": int(rng.choice([-2**63, -1, 2**63 - 1])), "wait_ms": int(rng.choice([-1, 0, 2**62])),
+                "actor_id": str(rng.choice([*real_ids, "", "a" * 257])), "token": str(rng.choice(["", "0" * 64]))}
+        return P.encode(str(rng.choice(["get_weights", "weights", "hello"])), meta)
+
+    return _fuzz_stream(count, rng, kinds, out_of_range, HOSTILE)
+
+
+def _fuzz_stream(count: int, rng, kinds: dict, out_of_range, categories):
+    names = list(kinds)
+    for i in range(count):
+        category = categories[i % len(categories)]
+        kind = names[int(rng.integers(len(names)))]
+        yield category, hostile(rng, category, {"type": kind, "v": 1, "meta": kinds[kind], "arrays": []}, [],
+                                out_of_range)
+
+
+class SegmentMaker:
+    """Segments the run's learner accepts (its spec from the config and the policy's action ids),
+    by a fuzz actor that registered like any actor."""
+
+    def __init__(self, run: Run, token: str, welcome: dict):
+        from tests.test_protocol import make_segment
+        cfg, policy = welcome["config"], json.loads((run.dir / "policy_init" / "policy.json").read_text())
+        vocab = policy["action_tokens"]["vocab_size"]
+        self.first = vocab - policy["action_tokens"]["n_bins"]
+        p = cfg["policy"]
+        self.spec = P.SegmentSpec(image_size=p["image_size"], instruction_len=p["max_instruction_tokens"],
+                                  num_tokens=p["num_action_chunks"] * p["action_dim"],
+                                  num_action_chunks=p["num_action_chunks"], state_dim=p["state_dim"],
+                                  action_level_rewards=cfg["algorithm"]["reward_type"] == "action_level",
+                                  num_steps=cfg["actor"]["rollout_length"], vocab_size=vocab,
+                                  first_action_id=self.first, max_abs_reward=cfg["learner"]["max_abs_reward"])
+        self.vocab, self.token, self._make = vocab, token, make_segment
+
+    def segment(self, rng, version: int, B: int | None = None, seq: int = 0) -> P.Segment:
+        B = B or int(rng.integers(1, 5))
+        seg = self._make(self.spec, B=B, seq=seq, actor_id="fuzz-actor", truncations=int(rng.integers(0, 2)),
+                         episodes=int(rng.integers(0, 3)), rng=rng)
+        seg.arrays["action_tokens"] = seg.arrays["action_tokens"] % (self.vocab - self.first) + self.first
+        seg.meta.update(policy_version=max(0, version), token=self.token)
+        return seg
+
+
+SEGMENT_KINDS = ("valid", "stale", "future_version", "unregistered")
+
+
+def trajectory_fuzz(count: int, rng, maker: SegmentMaker, version_fn, categories=(*HOSTILE, *SEGMENT_KINDS[1:])):
+    """(category, frames) for the trajectory port. Besides the hostile kinds: segments of the
+    registered fuzz actor that are valid (trained on, or dropped stale when the learner moved on
+    meanwhile), stale (version 0), from a future version, and valid ones without its token."""
+    bases = [maker.segment(rng, 0, B=b) for b in (1, 2, 4)]
+    base_frames = [[f if isinstance(f, bytes) else np.ascontiguousarray(f).tobytes() for f in P.encode_segment(b)]
+                   for b in bases]
+    values = {"behavior_logp": [np.nan, np.inf, 5.0], "rewards": [np.nan, -np.inf, 1e5, -3e38],
+              "action_tokens": [-1, maker.first - 1, maker.vocab, 2**62], "instruction": [-1, maker.vocab],
+              "terminated": [2], "instruction_mask": [255], "ep_length": [-1], "final_index": [10**6]}
+    odd_meta = {"policy_version": -1, "seq": -1, "env_steps": -1, "num_steps": 99, "num_envs": 1000,
+                "actor_id": "", "extra": 1}
+
+    def out_of_range(rng):
+        seg = bases[int(rng.integers(len(bases)))]
+        arrays = dict(seg.arrays)
+        meta = {**seg.meta, "policy_version": version_fn(), "token": maker.token if rng.random() < 0.5 else "0" * 64}
+        name = str(rng.choice([*values, "meta", "dtype"]))
+        if name == "meta":
+            key = str(rng.choice(list(odd_meta)))
+            meta[key] = odd_meta[key]
+        elif name == "dtype":
+            arrays["rewards"] = arrays["rewards"].astype(np.float16)
+        else:
+            if arrays[name].size == 0:
+                name = "rewards"
+            a = arrays[name].copy()
+            a.reshape(-1)[int(rng.integers(a.size))] = rng.choice(values[name])
+            arrays[name] = a
+        return P.encode(P.SEGMENT, meta, arrays)
+
+    for i in range(count):
+        category = categories[i % len(categories)]
+        if category in SEGMENT_KINDS:
+            version = {"stale": 0, "future_version": version_fn() + 10**6}.get(category, version_fn())
+            seg = maker.segment(rng, version, seq=i)
+            if category == "unregistered":
+                seg.meta["token"] = str(rng.choice(["0" * 64, "x"]))
+            yield category, P.encode_segment(seg)
+            continue
+        k = int(rng.integers(len(bases)))
+        header = msgpack.unpackb(base_frames[k][0])
+        yield category, hostile(rng, category, header, base_frames[k][1:], out_of_range)
+
+
+class VersionProbe:
+    """The weight version the learner serves now, asked as the registered fuzz actor."""
+
+    def __init__(self, run: Run, token: str):
+        self.peer, self.token, self.version = Peer(endpoints(run)["weights"]), token, 0
+
+    def __call__(self) -> int:
+        return self.version
+
+    def refresh(self) -> None:
+        reply = self.peer.ask("get_weights", {"newer_than": 2**62, "wait_ms": 0, "actor_id": "fuzz-actor",
+                                              "token": self.token}, timeout_s=5)
+        if reply is not None and reply.kind == "no_weights":
+            self.version = reply.meta["version"]
+
+    def close(self) -> None:
+        self.peer.close()
+
+
+def fuzz(run: Run, port: str, count: int, rng, maker: SegmentMaker | None = None,
+         real_ids: list[str] = (), valid: int = 0, timeout_s: float = 300.0) -> Row:
+    """`count` hostile messages to one port of the learner from one bare peer, and a few frames over
+    the port's cap from another (ZeroMQ drops that connection). Problems: an answer that grants
+    something (weights, policy files, a heartbeat's answer), a learner that died or stopped.
+
+    A rank reads its trajectory port only while it waits for data, so the hostile segments are
+    sent while the local actors are paused (SIGSTOP): the learner then reads them as fast as it
+    can. `valid` segments of the registered fuzz actor follow with the actors running again: the
+    learner trains on them (or drops them stale) beside the actors' own."""
+    row = Row(f"fuzz {port} port")
+    eps = endpoints(run)
+    probe = VersionProbe(run, maker.token) if maker is not None else None
+    if port == "control":
+        stream = control_fuzz(count, rng, list(real_ids))
+    elif port == "weights":
+        stream = weights_fuzz(count, rng, list(real_ids))
+    else:
+        probe.refresh()
+        stream = trajectory_fuzz(count - valid, rng, maker, probe)
+    before = run.accounts(newer_than=-1)
+    t0 = time.time()
+    peer = Peer(eps[port])
+    sent: dict[str, int] = {}
+    paused = run.actors() if port == "trajectory" else []
+    try:
+        _signal_groups(paused, signal.SIGSTOP)
+        _send_all(peer, stream, sent, probe, t0 + timeout_s)
+        big = Peer(eps[port])
+        cap = P.REQUEST_MAX_BYTES if port != "trajectory" else 8 << 20
+        for _ in range(3):
+            big.send([bytes(cap + 1)])
+        sent["over_the_frame_cap"] = 3
+        time.sleep(0.5)
+        big.close()
+        if port == "trajectory":          # every one taken before the actors go on
+            _wait_acks(peer, sum(sent.values()) - 3, t0 + timeout_s)
+        _signal_groups(paused, signal.SIGCONT)
+        paused, t_hostile = [], time.time() - t0
+        if valid:
+            _send_all(peer, trajectory_fuzz(valid, rng, maker, probe, categories=SEGMENT_KINDS[:1]), sent, probe,
+                      t0 + timeout_s)
+            _wait_acks(peer, sum(sent.values()) - 3, t0 + timeout_s)
+        peer.settle(timeout_s=60)
+    finally:
+        _signal_groups(paused, signal.SIGCONT)
+        peer.close()
+        if probe is not None:
+            probe.close()
+    row.seconds = time.time() - t0
+    row.tried = sum(sent.values())
+    after = run.accounts(newer_than=run.step())
+    row.accounts = after.minus(before)
+    row.rss_mb = run.rss_mb(t0)
+    granted = {k: v for k, v in peer.replies.items() if k in ("weights", "policy_files", "heartbeat")}
+    row.unauthorised = sum(granted.values())
+    if granted:
+        row.problems.append(f"granted to a peer without a token: {granted}")
+    row.problems += _liveness(run)
+    replies = ", ".join(f"{k} {v}" for k, v in sorted(peer.replies.items()))
+    row.outcome = f"{row.seconds:.0f} s; answers: {replies or 'none'}; learner alive, training"
+    row.detail = {"sent": sent, "replies": peer.replies}
+    if port == "trajectory":
+        row.detail["hostile_s"] = round(t_hostile, 1)
+        acks = peer.replies.get("ack", 0)
+        if row.accounts.acked < acks:
+            row.problems.append(f"the fuzz peer got {acks} acks, the learner counts {row.accounts.acked} acked")
+    return row
+
+
+def _send_all(peer: Peer, stream, sent: dict, probe, deadline: float) -> None:
+    for i, (category, frames) in enumerate(stream):
+        while not peer.send(frames, timeout_ms=1000):
+            peer.drain()
+            if time.time() > deadline:
+                raise Hang("the port took no message for too long")
+        sent[category] = sent.get(category, 0) + 1
+        if i % 50 == 0:
+            peer.drain()
+            if probe is not None and i % 200 == 0:
+                probe.refresh()
+
+
+def _wait_acks(peer: Peer, n: int, deadline: float) -> None:
+    while peer.replies.get("ack", 0) < n:
+        if time.time() > deadline:
+            raise Hang(f"{peer.replies.get('ack', 0)} of {n} segments taken (acked)")
+        peer.drain(200)
+
+
+def _signal_groups(pids: list[int], sig) -> None:
+    for pid in pids:
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _liveness(run: Run) -> list[str]:
+    """Problems if the learner is gone or saves no new checkpoint within PROGRESS_S."""
+    if run.proc.poll() is not None:
+        return [f"the run ended (code {run.proc.returncode})"]
+    if len(run.learners()) != run.ranks:
+        return [f"{run.ranks - len(run.learners())} learner rank(s) gone"]
+    step = run.step()
+    try:
+        run.wait_step(step + 1)
+    except Hang as e:
+        return [f"hang: {e}"]
+    return []
+
+
+# ----------------------------------------------------------------------- the control channel
+def hello_flood(run: Run, count: int, peers: int = 4) -> Row:
+    """Hellos with fresh actor ids from a few bare peers: each is welcomed (without CURVE anyone
+    may join) and registers an actor that then times out. Problems: the learner stops, or a real
+    actor times out or has to rejoin meanwhile."""
+    row = Row("hello flood")
+    ep = endpoints(run)["control"]
+    before, mark, t0 = run.accounts(), len(run.text()), time.time()
+    flood = [Peer(ep) for _ in range(peers)]
+    try:
+        for i in range(count):
+            meta = {"actor_id": f"flood-{i}", "host": "flood", "pid": i, "num_envs": 0}
+            while not flood[i % peers].send(P.encode_control("hello", meta), timeout_ms=1000):
+                flood[i % peers].drain()
+            if i % 100 == 0:
+                for p in flood:
+                    p.drain()
+        for p in flood:
+            p.settle(timeout_s=120)
+    finally:
+        for p in flood:
+            p.close()
+    row.seconds, row.tried = time.time() - t0, count
+    welcomed = sum(p.replies.get("welcome", 0) for p in flood)
+    row.accounts = run.accounts(newer_than=run.step()).minus(before)
+    row.rss_mb = run.rss_mb(t0)
+    row.problems += _real_actors_undisturbed(run, mark) + _liveness(run)
+    row.outcome = f"{row.seconds:.0f} s; {welcomed} welcomed (each a registered actor, timed out later)"
+    row.detail = {"welcomed": welcomed, "registry": row.accounts.records[0].get("control", {}).get("registry")}
+    return row
+
+
+def spoofing(run: Run, count: int, rng, other_token: str) -> Row:
+    """heartbeat, bye, get_policy_files (control) and get_weights (weights) for the ids of the
+    live actors and the evaluator, without their token: none, empty, made up, or another actor's.
+    Problems (unauthorised actions): a heartbeat answered as the actor's, policy files or weights
+    served, an actor that left the registry or had to rejoin."""
+    row = Row("spoofed heartbeats/byes")
+    eps = endpoints(run)
+    ids = sorted({f"local-{i}" for i in range(len(run.actors()))} | set(run.evaluator_ids()))
+    tokens = [None, "", "0" * 64, other_token, "é" * 10]
+    before, mark, t0 = run.accounts(), len(run.text()), time.time()
+    control, weights = Peer(eps["control"]), Peer(eps["weights"])
+    try:
+        for i in range(count):
+            token = tokens[int(rng.integers(len(tokens)))]
+            meta = {"actor_id": ids[i % len(ids)], **({} if token is None else {"token": token})}
+            for kind in ("heartbeat", "bye", "get_policy_files"):
+                while not control.send(P.encode(kind, meta), timeout_ms=1000):
+                    control.drain()
+            while not weights.send(P.encode("get_weights", {"newer_than": -1, "wait_ms": 0, **meta}), timeout_ms=1000):
+                weights.drain()
+            if i % 50 == 0:
+                control.drain()
+                weights.drain()
+        control.settle()
+        weights.settle()
+    finally:
+        control.close()
+        weights.close()
+    row.seconds, row.tried = time.time() - t0, 4 * count
+    after = run.accounts(newer_than=run.step())
+    row.accounts = after.minus(before)
+    row.rss_mb = run.rss_mb(t0)
+    granted = {f"control {k}": v for k, v in control.replies.items() if k in ("heartbeat", "policy_files")}
+    granted.update({f"weights {k}": v for k, v in weights.replies.items() if k == "weights"})
+    left = _registry(after)["left_total"] - _registry(before)["left_total"]
+    if left:
+        granted["actors removed from the registry"] = left
+    row.unauthorised = sum(granted.values())
+    if granted:
+        row.problems.append(f"unauthorised: {granted}")
+    row.problems += _real_actors_undisturbed(run, mark) + _liveness(run)
+    answers = {**{f"control {k}": v for k, v in control.replies.items()},
+               **{f"weights {k}": v for k, v in weights.replies.items()}}
+    row.outcome = (f"ids {', '.join(i[:24] for i in ids)}; answers: "
+                   f"{', '.join(f'{k} {v}' for k, v in sorted(answers.items())) or 'none'}; 0 accepted")
+    row.detail = {"answers": answers, "control_invalid_after": after.records[0].get("control", {}).get("invalid")}
+    return row
+
+
+def _registry(accounts: Accounts) -> dict:
+    return accounts.records[0].get("control", {}).get("registry", {"left_total": 0})
+
+
+def _real_actors_undisturbed(run: Run, mark: int) -> list[str]:
+    text = run.text()[mark:]
+    out = []
+    gone = re.findall(r"actor ((?:local|evaluator)-\S+) (?:\([^)]*\) timed out|left)", text)
+    if gone:
+        out.append(f"real actors dropped from the registry: {sorted(set(gone))}")
+    if "rejoined the learner" in text:
+        out.append("a real actor had to rejoin")
+    return out
+
+
+# -------------------------------------------------------------------------------- the disk
+def mount_small_disk(path: Path, size_mb: int = 32) -> tuple[Path | None, str | None]:
+    """A small tmpfs (else an ext4 loop device) mounted at `path`, or None and why there is none."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        return None, "mounting a small disk (tmpfs or loop device) needs root"
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    if r.returncode == 0:
+        return path, None
+    why = [f"tmpfs: {r.stderr.strip()}"]
+    image = path.parent / f".{path.name}.img"
+    try:
+        with open(image, "wb") as f:
+            f.truncate(size_mb << 20)
+        for cmd in (["mkfs.ext4", "-q", "-F", str(image)], ["mount", "-o", "loop", str(image), str(path)]):
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode:
+                why.append(f"loop device: {r.stderr.strip() or cmd[0]}")
+                return None, "; ".join(why)
+    except OSError as e:
+        why.append(f"loop device: {e}")
+        return None, "; ".join(why)
+    return path, None
+
+
+def unmount(path: Path | None) -> None:
+    if path is not None:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def disk_full(run: Run, no_disk: str | None, timeout_s: float = PROGRESS_S) -> Row:
+    """Ballast fills the checkpoints' small disk (and takes back any room freed) until a save
+    fails; then it goes. Problems: the run stops, or the next save does not succeed."""
+    row = Row("disk full during a save")
+    if no_disk:
+        row.skipped = no_disk
+        return row
+    root = run.dir / "checkpoints"
+    before, mark, t0 = run.accounts(), len(run.text()), time.time()
+    stop, ballast = threading.Event(), []
+
+    def fill():
+        chunk = bytes(256 << 10)
+        while not stop.is_set():
+            path = root / f"ballast-{len(ballast)}"
+            ballast.append(path)
+            try:
+                with open(path, "wb") as f:
+                    while not stop.is_set():
+                        f.write(chunk)
+                        f.flush()
+            except OSError:           # full: keep it full
+                stop.wait(0.02)
+    filler = threading.Thread(target=fill, daemon=True)
+    filler.start()
+    try:
+        run.wait(lambda: "NOT saved" in run.text()[mark:], timeout_s, "failed save")
+    except Hang as e:
+        row.problems.append(str(e))
+    finally:
+        stop.set()
+        filler.join()
+        for p in ballast:
+            p.unlink(missing_ok=True)
+    failed = re.search(r"checkpoint \S*step_(\d+) NOT saved \((.*?)\); deleted", run.text()[mark:])
+    row.tried = 1
+    if failed:
+        step = int(failed.group(1))
+        try:
+            saved = run.wait_step(step + 1)
+            row.outcome = (f"the save of step {step} failed ({failed.group(2)[:80]}); with the ballast gone "
+                           f"the next one, step {saved}, is complete; the run went on")
+        except Hang as e:
+            row.problems.append(f"no save after the failed one: {e}")
+    row.seconds = time.time() - t0
+    row.accounts = run.accounts(newer_than=run.step()).minus(before)
+    row.rss_mb = run.rss_mb(t0)
+    row.problems += _liveness(run)
+    return row
+
+
+# -------------------------------------------------------------------------------- processes
+def actor_churn(run: Run, duration_s: float, every_s: float, rng: random.Random) -> Row:
+    """SIGKILL a random local actor (its process group) every `every_s` for `duration_s`; the
+    launcher restarts each. Problems: the learner stops training or dies, a kill not followed by
+    a restart."""
+    row = Row("actor churn (SIGKILL)")
+    before, mark, t0, step0 = run.accounts(), len(run.text()), time.time(), run.step()
+    kills = 0
+    while kills < int(duration_s // every_s):
+        time.sleep(max(0.0, t0 + (kills + 1) * every_s - time.time()))
+        if run.proc.poll() is not None:
+            break
+        actors = run.actors()
+        if actors:
+            pid = rng.choice(actors)
+            try:
+                os.killpg(pid, signal.SIGKILL)        # an actor leads its own session (and group)
+            except (ProcessLookupError, PermissionError):
+                _kill(pid)
+            kills += 1
+    restarts = lambda: len(_log_lines_after(run, mark, r"actor \d+ exited with -9; restart"))   # noqa: E731
+    try:
+        run.wait(lambda: restarts() >= kills and not _restarting(run, mark), 60, f"{kills} actor restarts, all sending")
+    except Hang as e:
+        row.problems.append(str(e))
+    step1 = run.step()
+    if step1 <= step0:
+        row.problems.append(f"hang: no update saved during the churn (step {step0})")
+    row.tried, row.seconds = kills, time.time() - t0
+    row.accounts = run.accounts(newer_than=run.step()).minus(before)
+    row.rss_mb = run.rss_mb(t0)
+    row.problems += _liveness(run)
+    row.outcome = (f"{kills} kills in {duration_s:.0f} s, {restarts()} restarts by the launcher; "
+                   f"{step1 - step0} updates meanwhile")
+    return row
+
+
+def _restarting(run: Run, mark: int) -> set[str]:
+    """Local actors restarted since `mark` that have not sent a segment yet."""
+    pending = set()
+    for m in re.finditer(r"asyncvla: actor (\d+) exited with -?\d+; restart|actor local-(\d+): first segment sent",
+                         run.text()[mark:]):
+        if m.group(1) is not None:
+            pending.add(m.group(1))
+        else:
+            pending.discard(m.group(2))
+    return pending
+
+
+def launcher_sigint(run: Run, start_step: int) -> tuple[Row, int | None]:
+    """SIGINT to `asyncvla train`: exit 0 within the grace period, a final checkpoint, every rank's
+    final accounting balanced and covering every trained column, no process left. Returns the
+    row and the final checkpoint's step (which --resume must continue from)."""
+    row = Row("launcher SIGINT", tried=1)
+    t0 = time.time()
+    run.proc.send_signal(signal.SIGINT)
+    try:
+        code = run.proc.wait(timeout=STOP_GRACE_S + 30)
+    except subprocess.TimeoutExpired:
+        row.problems.append(f"hang: still running {STOP_GRACE_S + 30:.0f} s after SIGINT")
+        return row, None
+    row.seconds = took = time.time() - t0
+    text = run.text()
+    final = re.search(r"final checkpoint (\S+?);", text)
+    step = int(TAG_RE.match(Path(final.group(1)).name).group(1)) if final else None
+    if code != 0:
+        row.problems.append(f"exit code {code}")
+    if step is None or not (run.dir / "checkpoints" / f"step_{step:08d}" / "COMPLETE.json").exists():
+        row.problems.append("no complete final checkpoint named")
+    time.sleep(1.0)
+    if run.alive():
+        row.problems.append(f"left running: {sorted({v[1] for v in run.alive().values()})}")
+    row.accounts = acc = run.accounts(current=False)
+    row.problems += _final_accounting(acc, step, start_step, run.ranks)
+    row.outcome = f"exit {code} after {took:.1f} s, final checkpoint step {step}"
+    return row, step
+
+
+def _final_accounting(acc: Accounts, step: int | None, start_step: int, ranks: int) -> list[str]:
+    out = []
+    if not acc.balanced:
+        out.append("accounting: acked != trained + dropped + buffered")
+    if step is not None and acc.step != step:
+        out.append(f"accounting written at step {acc.step}, the run ended at {step}")
+    elif acc.columns_trained != (acc.step - start_step) * BATCH * ranks:
+        out.append(f"accounting: {acc.columns_trained} columns trained in {acc.step - start_step} updates "
+                   f"of {BATCH * ranks}")
+    return out
+
+
+def resume(out: Path, name: str, overrides: list[str], ports: dict, ranks: int, expect_step: int,
+           label: str) -> tuple[Run, list[str]]:
+    """`asyncvla train ... --resume RUN`; problems unless it resumes at `expect_step` and trains on."""
+    run = Run(out, name, overrides, ports, ranks, resume=True, label=label)
+    problems = []
+    try:
+        run.wait(lambda: "resumed from" in run.text(), PROGRESS_S + 60, "resume")
+        got = re.search(r"resumed from \S+ at step (\d+)", run.text())
+        if int(got.group(1)) != expect_step:
+            problems.append(f"resumed at step {got.group(1)}, the newest complete checkpoint is {expect_step}")
+        run.wait_step(expect_step + 1)
+    except Hang as e:
+        problems.append(str(e))
+    return run, problems
+
+
+def learner_kill(run: Run, during_save: bool, rng: random.Random) -> tuple[Row, int | None, str]:
+    """SIGKILL every learner rank, during a save (as soon as a new tag folder without its marker
+    appears) or at a random moment. Returns the row, the newest complete checkpoint's step (what
+    --resume must continue from) and where the kill landed."""
+    from asyncvla.learner.checkpoint import find_latest
+
+    row = Row("learner SIGKILL", tried=1)
+    root, base, t0 = run.dir / "checkpoints", run.step(), time.time()
+    caught = None
+    if during_save:
+        deadline = time.time() + PROGRESS_S
+        while caught is None and time.time() < deadline and run.proc.poll() is None:
+            for d in _scan(root):
+                m = TAG_RE.match(d.name)
+                if m and int(m.group(1)) > base and not os.path.exists(os.path.join(d.path, "COMPLETE.json")):
+                    caught = Path(d.path)
+                    break
+            else:
+                time.sleep(0.001)
+    else:
+        time.sleep(rng.uniform(0.2, 3.0))
+    ranks = run.learners()
+    for pid in ranks:
+        _kill(pid)
+    where = f"at step ~{run.step()}"
+    if caught is not None:
+        where = (f"during the save of {caught.name} (left without its marker)" if not (caught / "COMPLETE.json").exists()
+                 else f"just after the save of {caught.name}")
+    try:
+        code = run.proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        row.problems.append("hang: the launcher still runs 60 s after its learner was killed")
+        code = None
+    if not ranks:
+        row.problems.append("no learner rank to kill")
+    row.seconds = time.time() - t0
+    acc = run.accounts(current=False)
+    row.accounts = acc if {r["pid"] for r in acc.records} <= set(ranks) else None   # None: killed before its first
+    if row.accounts is not None and not row.accounts.balanced:
+        row.problems.append("accounting: acked != trained + dropped + buffered")
+    newest = find_latest(run.dir)
+    newest_step = int(TAG_RE.match(newest.name).group(1)) if newest is not None else None
+    row.outcome = f"killed {where}; launcher exit {code}; newest complete checkpoint step {newest_step}"
+    return row, newest_step, where
+
+
+def launcher_sigkill(run: Run, within_s: float = 5.0) -> Row:
+    """SIGKILL `asyncvla train`: within `within_s` no process of the run may be left."""
+    row = Row("launcher SIGKILL", tried=1)
+    procs = run.alive()
+    modules = sorted({v[1] or "?" for v in procs.values()})
+    t0 = time.time()
+    _kill(run.proc.pid)
+    run.proc.wait()
+    while run.alive() and time.time() - t0 < within_s:
+        time.sleep(0.05)
+    left = run.alive()
+    took = time.time() - t0
+    if left:
+        row.problems.append(f"left after {within_s:.0f} s: {sorted({v[1] for v in left.values()})}")
+    row.seconds = took
+    row.accounts = run.accounts(current=False)
+    row.outcome = f"{len(procs)} processes ({', '.join(m.rsplit('.', 1)[-1] for m in modules)}); " + \
+        (f"none left after {took:.1f} s" if not left else f"{len(left)} left")
+    return row
+
+
+# ------------------------------------------------------------------------------ the actor side
+ESCAPING_NAMES = ["../x", "a/../../x", "../../../../../../../../tmp/escaped", "/ABS/x", "a//b", "./x", "a/",
+                  "a\\b", "..\\..\\x", "C:\\x", "x\x00y", "x\ny", "a/./b", "/".join("d" * 9), "y" * 256,
+                  "a\u202eb", "\x1b[31mx", ".", ".."]
+# (an empty name never reaches the check: the actor's decoder drops a reply with an unnamed array,
+# and the actor asks again until fetch_policy_files times out)
+
+
+def escaping_names(out: Path) -> Row:
+    """A fake learner (a bare ROUTER) welcomes an actor and serves policy files whose names try to
+    leave the actor's folder: in-process joins for each name, a pair "a" + "a/b" (a file where a
+    folder must go), and the real `asyncvla actor` once. Problems (unauthorised): any file written
+    anywhere, a join that goes on."""
+    from asyncvla.actors.join import join
+    from asyncvla.common.sockets import TransportError
+    from tests.test_auth import FakeLearner
+    from tests.test_transport_control import tcfg
+
+    row = Row("fake learner: escaping file names")
+    root = out / "escape"
+    work = root / "work"
+    work.mkdir(parents=True)
+    t0 = time.time()
+    cases = [{"policy.json": b"{}", name.replace("/ABS", str(root / "abs")): b"owned"} for name in ESCAPING_NAMES]
+    cases.append({"policy.json": b"{}", "a": b"owned", "a/b": b"owned"})
+    refused, kept_going = 0, []
+    before = tempfile.tempdir
+    tempfile.tempdir = str(work)
+    try:
+        for files in cases:
+            learner = FakeLearner(files)
+            try:
+                join(learner.endpoint, "victim", tcfg(), threading.Event(), timeout=30)
+                kept_going.append(list(files))
+            except TransportError as e:
+                refused += "refusing its files" in str(e) or "cannot write the learner's policy files" in str(e)
+            finally:
+                learner.close()
+    finally:
+        tempfile.tempdir = before
+    learner = FakeLearner({"policy.json": b"{}", "../../../escaped-by-actor": b"owned"})
+    try:
+        proc = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "actor", "--learner", learner.endpoint,
+                               "--join-timeout", "60"], cwd=REPO, capture_output=True, text=True, timeout=180,
+                              env=dict(os.environ, TMPDIR=str(work), PYTHONUNBUFFERED="1"))
+    finally:
+        learner.close()
+    actor_refused = proc.returncode == 1 and "refusing its files" in proc.stderr
+    written = [str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir()]
+    row.tried, row.seconds = len(cases) + 1, time.time() - t0
+    row.unauthorised = len(written) + len(kept_going)
+    if written:
+        row.problems.append(f"files written: {written[:5]}")
+    if kept_going:
+        row.problems.append(f"joined despite names {kept_going[:3]}")
+    if not actor_refused:
+        row.problems.append(f"asyncvla actor: exit {proc.returncode}, {proc.stderr[-300:]!r}")
+    row.outcome = (f"{refused}/{len(cases)} joins refused the files, `asyncvla actor` exit {proc.returncode} "
+                   f"(refused); {len(written)} files written")
+    return row
+
+
+# ---------------------------------------------------------------------------------- the suite
+@dataclass
+class SuiteResult:
+    rows: list
+    sizes: Sizes
+    seconds: float
+    rss: dict
+    no_disk: str | None
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"{r.fault}: {p}" for r in self.rows for p in r.problems]
+
+    def row(self, fault: str) -> Row:
+        return next(r for r in self.rows if r.fault.startswith(fault))
+
+    def as_dict(self) -> dict:
+        return {"sizes": self.sizes.__dict__, "seconds": round(self.seconds, 1), "rss": self.rss,
+                "no_disk": self.no_disk, "rows": [r.as_dict() for r in self.rows]}
+
+
+_STARTED = [time.time()]
+
+
+def _say(text: str) -> None:
+    print(f"[faults {time.time() - _STARTED[0]:5.0f} s] {text}", flush=True)
+
+
+def _guarded(rows: list, fault: str, fn, *args):
+    """Run one attack; an exception becomes a problem in its row (the suite goes on)."""
+    t0 = time.time()
+    try:
+        result = fn(*args)
+    except Exception as e:             # noqa: BLE001  (reported, not hidden)
+        row = Row(fault, problems=[f"{type(e).__name__}: {e}"], seconds=time.time() - t0)
+        rows.append(row)
+        _say(f"{fault}: {type(e).__name__}: {e}")
+        return None
+    row = result[0] if isinstance(result, tuple) else result
+    rows.append(row)
+    _say(f"{row.fault}: tried {row.tried}, {row.skipped or row.outcome}"
+         + (f"; PROBLEMS {row.problems}" if row.problems else ""))
+    return result
+
+
+def run_suite(out: Path, sizes: Sizes) -> SuiteResult:
+    """Every attack, in the order of the module docstring, on one run and its resumptions."""
+    t_start = _STARTED[0] = time.time()
+    rng, prng = np.random.default_rng(sizes.seed), random.Random(sizes.seed)
+    name, ports = "faults", free_ports()
+    overrides = suite_overrides(out, name, ports, sizes)
+    disk, no_disk = mount_small_disk(out / name / "checkpoints")
+    rows: list[Row] = []
+    runs: list[Run] = []
+    rss: dict = {"bound_mb": sizes.rss_bound_mb}
+    try:
+        run = Run(out, name, overrides, ports, sizes.ranks, label="a")
+        runs.append(run)
+        run.wait_step(SAVE_INTERVAL, timeout=300)          # started: its first checkpoint and accounting
+        _say(f"run started, step {run.step()}")
+        t_attacks = time.time()
+        rss["before_mb"] = run.rss_mb(t_attacks - 3)
+        token, welcome = register(run, "fuzz-actor")
+        maker = SegmentMaker(run, token, welcome)
+        real_ids = [f"local-{i}" for i in range(sizes.actors)] + run.evaluator_ids()
+        _guarded(rows, "fuzz control port", fuzz, run, "control", sizes.fuzz_per_port, rng, None, real_ids)
+        _guarded(rows, "hello flood", hello_flood, run, sizes.hellos)
+        _guarded(rows, "spoofed heartbeats/byes", spoofing, run, sizes.spoofs, rng, token)
+        _guarded(rows, "fuzz weights port", fuzz, run, "weights", sizes.fuzz_per_port, rng, None, real_ids)
+        _guarded(rows, "fuzz trajectory port", fuzz, run, "trajectory", sizes.fuzz_per_port, rng, maker, (),
+                 sizes.valid_segments)
+        rss["after_fuzz_mb"] = run.rss_mb(time.time() - 3)
+        _guarded(rows, "disk full during a save", disk_full, run, no_disk)
+        _guarded(rows, "actor churn (SIGKILL)", actor_churn, run, sizes.churn_s, sizes.churn_every_s, prng)
+        rss["max_mb"] = run.rss_mb(t_attacks)
+        rows.append(_memory_row(rss))
+        got = _guarded(rows, "launcher SIGINT", launcher_sigint, run, 0)
+        final = got[1] if got else None
+
+        expect = final if final is not None else run.step()
+        run, problems = resume(out, name, overrides, ports, sizes.ranks, expect, "resume-0")
+        runs.append(run)
+        _say(f"resumed at step {expect}")
+        rows[-1 if got is None else rows.index(got[0])].problems.extend(problems)
+        if got is not None and not problems:
+            got[0].outcome += f"; --resume continued from step {expect}"
+        kills = []
+        for k in range(sizes.learner_kills):
+            start_step = expect
+            got = _guarded(kills, "learner SIGKILL", learner_kill, run, k % 2 == 0, prng)
+            if got is None:
+                break
+            row, expect, where = got
+            row.fault = "learner SIGKILL during a save" if k % 2 == 0 else "learner SIGKILL at a random moment"
+            if row.accounts is not None:
+                row.problems += _final_accounting(row.accounts, None, start_step, sizes.ranks)
+            run, problems = resume(out, name, overrides, ports, sizes.ranks, expect, f"resume-{k + 1}")
+            runs.append(run)
+            _say(f"resumed at step {expect}")
+            row.problems += problems
+            if not problems:
+                row.outcome += f"; --resume continued from step {expect}"
+        rows += _merge(kills)
+        _guarded(rows, "launcher SIGKILL", launcher_sigkill, run)
+    finally:
+        for r in runs:
+            r.close()
+        unmount(disk)
+    _guarded(rows, "fake learner: escaping file names", escaping_names, out)
+    rows.append(_crash_row(runs))
+    return SuiteResult(rows, sizes, time.time() - t_start, rss, no_disk)
+
+
+def _merge(kills: list[Row]) -> list[Row]:
+    """One row per kind of learner kill, however many times it was tried."""
+    out: dict[str, Row] = {}
+    for r in kills:
+        if r.fault not in out:
+            out[r.fault] = r
+            continue
+        m = out[r.fault]
+        m.tried += r.tried
+        m.problems += r.problems
+        m.seconds += r.seconds
+        m.outcome += f" | {r.outcome}"
+        m.accounts = r.accounts
+    return list(out.values())
+
+
+def _memory_row(rss: dict) -> Row:
+    row = Row("learner memory (RSS, any rank)", tried=1)
+    before, peak = rss.get("before_mb"), rss.get("max_mb")
+    row.rss_mb = peak
+    if before is None or peak is None:
+        row.problems.append("no RSS samples")
+        return row
+    rss["growth_mb"] = peak - before
+    row.outcome = (f"{before:.0f} MB before the attacks, at most {peak:.0f} MB during them "
+                   f"(+{peak - before:.0f} MB; bound +{rss['bound_mb']:.0f} MB)")
+    if peak - before > rss["bound_mb"]:
+        row.problems.append(f"RSS grew by {peak - before:.0f} MB > {rss['bound_mb']:.0f} MB")
+    return row
+
+
+def _crash_row(runs: list[Run]) -> Row:
+    row = Row("crashes (every run)", tried=len(runs))
+    for r in runs:
+        row.problems += r.crashes()
+    row.outcome = "0 learner or actor crashes" if not row.problems else f"{len(row.problems)} found"
+    return row
