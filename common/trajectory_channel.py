@@ -1,7 +1,7 @@
 """Trajectories from actors to learner ranks: each rank's ROUTER inbox and each actor's DEALER
 outbox, with acks so an actor knows how many of its segments no rank has taken yet.
 
-    actor TrajectorySender (DEALER, connected to every rank)
+    actor TrajectorySender (a DEALER per rank)
         -> learner rank r TrajectoryReceiver (ROUTER on trajectory_port + r)
         <- an empty ack frame for each segment the rank takes
 
@@ -10,6 +10,14 @@ unsent segment (counted). ZeroMQ and kernel buffers still hold several segments 
 every queued segment is one more version of policy lag; so a rank acks each segment it takes,
 and an actor that has `in_flight` segments not yet taken waits (`wait_for_room`) before
 collecting another.
+
+Segments go to the ranks in turn (so that in --sync mode each rank gets its exact share of a
+version's segments), except that a rank already holding its share of the actor's allowance
+(`wait_for_room`'s limit / ranks) untaken is passed over for one that holds none. The ranks train
+in lock-step: a rank that has its batch reads nothing until every rank has one. Strictly in turn,
+an actor's segments could pile up untaken at such a rank (its turns there come round whatever the
+rank took from others, e.g. from an actor that then left) until they filled the whole allowance,
+and a rank waiting for data got nothing from anyone: the run stalled.
 
 A segment's meta carries the actor's token (common/auth.py): a rank drops one from an actor the
 learner did not welcome, counted as stats["invalid"]["unregistered"].
@@ -102,9 +110,10 @@ class TrajectoryReceiver:
 
 
 class TrajectorySender:
-    """An actor's outbox: one DEALER connected to every learner rank; ZeroMQ spreads segments over
-    the ranks whose queues have room, and each rank acks the segments it takes (`in_flight` counts
-    those not yet acked; `wait_for_room` bounds it).
+    """An actor's outbox: a DEALER connected to each learner rank; segments go to the ranks whose
+    queues have room, in turn (a rank holding its share of the allowance untaken is passed over
+    for one holding none: see the module docstring), and each rank acks the segments it takes
+    (`in_flight` counts those not yet acked; `wait_for_room` bounds it).
 
     backpressure="block": `send` waits until some rank has room (optionally bounded by
     `timeout`/`stop`, then returns False and the caller keeps the segment).
@@ -125,9 +134,15 @@ class TrajectorySender:
         self._linger_s = tcfg.linger_ms / 1000
         self._node = Node(tcfg, server=False)
         # What comes back is only empty acks: a small cap on incoming frames.
-        self._dealer = self._node.socket(zmq.DEALER, connect=endpoints, SNDHWM=tcfg.send_hwm,
-                                         MAXMSGSIZE=REQUEST_MAX_BYTES)
-        self._sndtimeo = -1
+        self._dealers = [self._node.socket(zmq.DEALER, connect=ep, SNDHWM=tcfg.send_hwm, MAXMSGSIZE=REQUEST_MAX_BYTES)
+                         for ep in endpoints]
+        self._acks, self._room = zmq.Poller(), zmq.Poller()
+        for d in self._dealers:
+            self._acks.register(d, zmq.POLLIN)
+            self._room.register(d, zmq.POLLOUT)
+        self._held = [0] * len(endpoints)         # per rank: segments sent, not yet acked
+        self._turn = 0                            # the rank whose turn it is
+        self._share = 0                           # allowance per rank (0: none, strictly in turn)
         self._pending: deque[list] = deque()
         self._max_pending = tcfg.send_hwm
         self.sent = 0
@@ -150,18 +165,20 @@ class TrajectorySender:
 
     def wait_for_room(self, limit: int, timeout: float | None = None, stop=None) -> bool:
         """Wait until fewer than `limit` segments are in flight. False when `timeout` passed or
-        `stop` was set first."""
+        `stop` was set first. `limit` is the allowance `send` spreads over the ranks."""
+        self._share = -(-limit // len(self._dealers))
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.in_flight >= limit:
             if (stop is not None and stop.is_set()) or (deadline is not None and time.monotonic() >= deadline):
                 return False
-            self._dealer.poll(_wait_slice_ms(deadline, stop), zmq.POLLIN)
+            self._acks.poll(_wait_slice_ms(deadline, stop))
         return True
 
     def forget_in_flight(self) -> None:
         """The learner restarted: acks for what the old one held will never come."""
         self._read_acks()
         self.acked = self.sent
+        self._held = [0] * len(self._dealers)
 
     def send(self, segment: Segment, timeout: float | None = None, stop=None) -> bool:
         """Hand a segment to the transport. Returns False only in block mode when `timeout`
@@ -190,7 +207,7 @@ class TrajectorySender:
         while self._flush_nowait():
             if deadline is not None and time.monotonic() >= deadline:
                 return False
-            self._dealer.poll(50, zmq.POLLOUT)
+            self._room.poll(50)
         return True
 
     def close(self) -> None:
@@ -204,9 +221,11 @@ class TrajectorySender:
         self._node.close()
 
     def _read_acks(self) -> None:
-        while self._dealer.poll(0, zmq.POLLIN):
-            self._dealer.recv(copy=False)
-            self.acked += 1
+        for r, dealer in enumerate(self._dealers):
+            while dealer.poll(0, zmq.POLLIN):
+                dealer.recv(copy=False)
+                self.acked += 1
+                self._held[r] = max(0, self._held[r] - 1)
 
     def _flush_nowait(self) -> int:
         while self._pending and self._try_send(self._pending[0]):
@@ -214,15 +233,28 @@ class TrajectorySender:
         return len(self._pending)
 
     def _try_send(self, frames: list, wait_ms: int = 0) -> bool:
-        """Send within wait_ms (0: only if there is room now; -1: as long as it takes)."""
-        if wait_ms != self._sndtimeo:
-            self._dealer.sndtimeo = self._sndtimeo = wait_ms
-        try:
-            self._dealer.send_multipart(frames, copy=False)
-        except zmq.Again:
-            return False
-        self.sent += 1
-        return True
+        """Send within wait_ms (0: only if there is room now; -1: as long as it takes) to the rank
+        whose turn it is, or past it (see the module docstring)."""
+        self._read_acks()
+        deadline = None if wait_ms < 0 else time.monotonic() + wait_ms / 1000
+        n = len(self._dealers)
+        while True:
+            order = [(self._turn + i) % n for i in range(n)]
+            if self._share and self._held[order[0]] >= self._share and 0 in self._held:
+                order.sort(key=lambda r: self._held[r] != 0)      # those holding none first, in turn
+            for r in order:
+                try:
+                    self._dealers[r].send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    continue
+                self.sent += 1
+                self._held[r] += 1
+                self._turn = (r + 1) % n
+                return True
+            left = -1 if deadline is None else int((deadline - time.monotonic()) * 1000)
+            if deadline is not None and left <= 0:
+                return False
+            self._room.poll(left)
 
 
 def _wait_slice_ms(deadline: float | None, stop) -> int:

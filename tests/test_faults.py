@@ -11,9 +11,10 @@ still buffered (acked = trained + dropped + buffered, and the trained columns ar
 updates' batches), a final checkpoint after SIGINT that --resume continues from, nothing left 5 s
 after the launcher's SIGKILL, a run that goes on after a failed save and saves the next time.
 
-Before it, on bare servers in this process: the accounting on real sockets, and the three
+Before it, on bare sockets in this process, the suite's findings and its accounting: the three
 channels' token checks against a token no ASCII string compares with (it used to kill the
-control server's thread, and with it the learner).
+control server's thread, and with it the learner); ranks in lock-step never starve for an actor's
+room (actor churn on a 2-rank learner stalled the run); the accounting on real sockets.
 """
 
 import threading
@@ -95,6 +96,30 @@ def test_a_token_no_ascii_string_compares_with_is_refused_not_fatal():
         control.close(notify=False)
         weights.close()
         receiver.close()
+
+
+def test_ranks_in_lock_step_never_starve_for_an_actor_s_room():
+    """A rank that has its batch reads nothing until every rank has one. Short-lived actors each
+    leave one segment that rank 0 takes; the actor that stays must still feed rank 1. Sent
+    round-robin, its segments piled up untaken at rank 0 until its allowance (2) was all there
+    and rank 1 starved (3 rounds in); sent to the rank holding the fewest, they do not."""
+    cfg = tcfg(linger_ms=0)
+    ranks = [transport.TrajectoryReceiver(cfg, r, SPEC, endpoint="tcp://127.0.0.1:*") for r in range(2)]
+    endpoints = [r.endpoint for r in ranks]
+    stays = transport.TrajectorySender(endpoints, cfg)
+    try:
+        for seq in range(8):
+            passing = transport.TrajectorySender(endpoints, cfg)
+            assert passing.send(make_segment(SPEC, B=4, seq=100 + seq))
+            assert ranks[0].recv(timeout_ms=5000) is not None          # rank 0 has its batch
+            while stays.wait_for_room(2, timeout=0.2):
+                assert stays.send(make_segment(SPEC, B=4, seq=seq))
+            assert ranks[1].recv(timeout_ms=5000) is not None, f"rank 1 starved in round {seq}"
+            passing.close()
+    finally:
+        stays.close()
+        for r in ranks:
+            r.close()
 
 
 # ------------------------------------------------------------------------------ the real run
