@@ -171,26 +171,27 @@ class Row:
 
 
 def print_table(rows: list[Row], title: str = "") -> None:
-    header = ("fault", "tried", "outcome", "acked", "trained", "dropped (by reason)", "buffered", "RSS MB")
+    """One line of figures per fault (the learner's accounting over the attack), its outcome below."""
+    header = ("fault", "tried", "acked", "trained", "buffered", "RSS MB", "dropped (by reason)")
     lines = []
     for r in rows:
         a = r.accounts
+        figures = ("-",) * 3 if a is None else (f"{a.acked:,}", f"{a.trained:,}", f"{a.buffered:,}")
         outcome = f"SKIPPED: {r.skipped}" if r.skipped else r.outcome
         if r.problems:
             outcome += f"  PROBLEMS: {'; '.join(r.problems)}"
-        lines.append((r.fault, f"{r.tried:,}", outcome, *(("-",) * 4 if a is None else (
-            f"{a.acked:,}", f"{a.trained:,}", a.dropped_text(), f"{a.buffered:,}")),
-            "-" if r.rss_mb is None else f"{r.rss_mb:.0f}"))
-    widths = [max(len(x[i]) for x in lines + [header]) for i in range(len(header))]
-    widths[2] = min(widths[2], 70)
-    fmt = lambda cells: "  ".join(c.ljust(w) if i in (0, 2, 5) else c.rjust(w)   # noqa: E731
-                                  for i, (c, w) in enumerate(zip(cells, widths)))
+        lines.append(((r.fault, f"{r.tried:,}", *figures, "-" if r.rss_mb is None else f"{r.rss_mb:.0f}",
+                       "-" if a is None else a.dropped_text()), outcome))
+    widths = [max(len(x[i]) for x in [c for c, _ in lines] + [header]) for i in range(len(header))]
+    fmt = lambda cells: "  ".join(c.ljust(w) if i in (0, 6) else c.rjust(w)   # noqa: E731
+                                  for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
     if title:
         print(title)
     print(fmt(header))
-    print("-" * (sum(widths) + 2 * (len(widths) - 1)))
-    for cells in lines:
+    print("-" * min(120, sum(widths) + 2 * (len(widths) - 1)))
+    for cells, outcome in lines:
         print(fmt(cells))
+        print(f"    {outcome}")
 
 
 # ------------------------------------------------------------------------------------ the run
@@ -238,10 +239,9 @@ class Run:
     def _watcher(self) -> None:
         while not self._stop.is_set():
             for pid in descendants(self.proc.pid):
-                if pid not in self.procs:
-                    t = process_start_time(pid)
-                    if t is not None:
-                        self.procs[pid] = (t, python_module(pid), _cmdline(pid))
+                t = process_start_time(pid)       # read again each time: a child seen between fork
+                if t is not None:                 # and exec still shows its parent's command line
+                    self.procs[pid] = (t, python_module(pid), _cmdline(pid))
             for pid in self.learners():
                 rss = _rss(pid)
                 if rss is not None:
@@ -667,9 +667,10 @@ def fuzz(run: Run, port: str, count: int, rng, maker: SegmentMaker | None = None
     something (weights, policy files, a heartbeat's answer), a learner that died or stopped.
 
     A rank reads its trajectory port only while it waits for data, so the hostile segments are
-    sent while the local actors are paused (SIGSTOP): the learner then reads them as fast as it
-    can. `valid` segments of the registered fuzz actor follow with the actors running again: the
-    learner trains on them (or drops them stale) beside the actors' own."""
+    sent while the local actors are paused (SIGSTOP, for the seconds the sending takes): the
+    learner then reads them as fast as it can. `valid` segments of the registered fuzz actor
+    follow with the actors running again: the learner trains on them (or drops them stale) beside
+    the actors' own."""
     row = Row(f"fuzz {port} port")
     eps = endpoints(run)
     probe = VersionProbe(run, maker.token) if maker is not None else None
@@ -695,10 +696,12 @@ def fuzz(run: Run, port: str, count: int, rng, maker: SegmentMaker | None = None
         sent["over_the_frame_cap"] = 3
         time.sleep(0.5)
         big.close()
-        if port == "trajectory":          # every one taken before the actors go on
-            _wait_acks(peer, sum(sent.values()) - 3, t0 + timeout_s)
+        # Go on once all is sent: a rank that got its batch meanwhile (an actor's last segment)
+        # waits in a collective for the others and reads no more until the actors feed them.
         _signal_groups(paused, signal.SIGCONT)
         paused, t_hostile = [], time.time() - t0
+        if port == "trajectory":
+            _wait_acks(peer, sum(sent.values()) - 3, t0 + timeout_s)
         if valid:
             _send_all(peer, trajectory_fuzz(valid, rng, maker, probe, categories=SEGMENT_KINDS[:1]), sent, probe,
                       t0 + timeout_s)

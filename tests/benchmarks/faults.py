@@ -1,0 +1,77 @@
+"""The fault suite in full: a real `asyncvla train` (2 learner ranks, 2 local actors, the evaluator)
+under every attack of the reliability issue, and the table of what happened.
+
+    python -m tests.benchmarks.faults [--quick] [--out bench_results/faults.json]
+
+Full (tests/faults_harness.py FULL, ~10 minutes on 2 cores): 10^4 fuzz messages per port, 10^4
+fake hellos, 10^4 spoofed requests, a full disk during a save, 3 minutes of actor churn (a SIGKILL
+every 10 s), Ctrl-C and --resume, 4 learner SIGKILLs (2 during a save) each followed by --resume,
+a launcher SIGKILL, a fake learner serving escaping file names. --quick runs the suite of `make
+test` (tests/test_faults.py, 1 rank, 30 s of churn, 1 learner kill; ~4 minutes).
+
+The figures: crashes, hangs, unauthorised actions and unaccounted segments (each goal 0), the
+learner's RSS growth under attack against its bound, the processes left 5 s after the launcher's
+SIGKILL, the fuzz messages per port. The JSON holds every row of the table.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from tests import faults_harness as H
+from tests.benchmarks import report
+
+
+def run(quick: bool) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="asyncvla-faults-"))
+    try:
+        result = H.run_suite(out, H.QUICK if quick else H.FULL)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    print()
+    H.print_table(result.rows, title=f"fault suite{' (quick)' if quick else ''}: {result.seconds / 60:.1f} min")
+    print()
+    return result.as_dict()
+
+
+def figures(results: dict) -> list[report.Figure]:
+    rows = results["rows"]
+    problems = [p for r in rows for p in r["problems"]]
+    hangs = [p for p in problems if "hang" in p.lower()]
+    crashes = next((r for r in rows if r["fault"].startswith("crashes")), {"problems": ["no crash check"]})
+    unaccounted = sum(abs(a["acked"] - a["trained"] - sum(a["dropped"].values()) - a["buffered"])
+                      for r in rows if (a := r["accounts"]) is not None)
+    left = next((r for r in rows if r["fault"] == "launcher SIGKILL"), None)
+    fuzzed = [r["tried"] for r in rows if r["fault"].startswith("fuzz ")]
+    rss = results["rss"]
+    growth = rss.get("growth_mb")
+    disk = next((r for r in rows if r["fault"].startswith("disk full")), {"skipped": "not run", "problems": []})
+    return [
+        report.Figure("faults", "problems found (all attacks)", len(problems), goal="0", met=not problems,
+                      note="; ".join(problems)[:200]),
+        report.Figure("faults", "learner or actor crashes", len(crashes["problems"]), goal="0",
+                      met=not crashes["problems"]),
+        report.Figure("faults", "hangs", len(hangs), goal="0", met=not hangs),
+        report.Figure("faults", "unauthorised actions", sum(r["unauthorised"] for r in rows), goal="0",
+                      met=sum(r["unauthorised"] for r in rows) == 0),
+        report.Figure("faults", "segments acked but not trained/dropped/buffered", unaccounted, goal="0",
+                      met=unaccounted == 0),
+        report.Figure("faults", "learner RSS growth under attack", None if growth is None else growth * 2**20, "MB",
+                      goal=f"<= {rss['bound_mb']:.0f} MB", met=report.at_most(growth, rss["bound_mb"]),
+                      note=f"before {rss.get('before_mb') or 0:.0f} MB"),
+        report.Figure("faults", "processes left 5 s after launcher SIGKILL",
+                      None if left is None else len(left["problems"]), goal="0",
+                      met=None if left is None else not left["problems"]),
+        report.Figure("faults", "failed save, then the next one succeeds", None if disk["skipped"] else
+                      int(not disk["problems"]), goal="1", met=None if disk["skipped"] else not disk["problems"],
+                      note=disk["skipped"]),
+        report.Figure("faults", "fuzz messages per port (least)", min(fuzzed) if fuzzed else None,
+                      goal=">= 10,000", met=report.at_least(min(fuzzed) if fuzzed else None, 10_000)),
+    ]
+
+
+if __name__ == "__main__":
+    report.main(sys.modules[__name__])
