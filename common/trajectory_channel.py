@@ -3,7 +3,7 @@ outbox, with acks so an actor knows how many of its segments no rank has taken y
 
     actor TrajectorySender (a DEALER per rank)
         -> learner rank r TrajectoryReceiver (ROUTER on trajectory_port + r)
-        <- an empty ack frame for each segment the rank takes
+        <- an ack: the count of the actor's segments the rank just took
 
 Queues are bounded: a slow learner pushes back on its actors, which block or drop their oldest
 unsent segment (counted). ZeroMQ and kernel buffers still hold several segments per actor, and
@@ -69,44 +69,93 @@ class TrajectoryReceiver:
         if self._key is None:
             log.info("trajectory receiver (rank %d): without CURVE keys this rank cannot check the tokens "
                      "rank 0 gives actors; it takes any valid segment", rank)
+        self._tokens_seen: set[tuple] = set()
         self._limits = Limits.for_kind(SEGMENT, tcfg.max_message_mb)
         self.stats = {"received": 0, "bytes": 0, "invalid": Counter()}
         self._drop_log = DropLog(f"trajectory receiver (rank {rank})")
 
     def recv(self, timeout_ms: int | None = None) -> Segment | None:
         """The next valid segment, or None after `timeout_ms` (None: wait forever)."""
+        got = self.recv_many(1, timeout_ms)
+        return got[0] if got else None
+
+    def recv_many(self, n: int, timeout_ms: int | None = None) -> list[Segment]:
+        """Up to `n` valid segments: waits up to `timeout_ms` (None: for ever) for the first, then
+        takes only what has already arrived. Everything taken is acked before the receiver waits
+        or returns, one ack per sender for what it took from it."""
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-        while True:
-            wait = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            if not self._router.poll(wait):
-                return None
-            sender, *frames = self._router.recv_multipart(copy=False)
-            self._ack(sender)
-            try:
-                segment = decode_segment(frames, self.spec, self._limits)
-                token = segment.meta.pop("token", None)
-                if self._key is not None and not valid_token(self._key, segment.meta["actor_id"],
-                                                             peer_key(frames[0]), token):
-                    raise ValidationError("unregistered", f"segment from actor {segment.meta['actor_id'][:40]!r} "
-                                                          "without the token of its welcome")
-            except ValidationError as e:
-                self.stats["invalid"][e.reason] += 1
-                self._drop_log(e.reason, str(e))
-                if deadline is not None and time.monotonic() >= deadline:
-                    return None
-                continue
-            self.stats["received"] += 1
-            self.stats["bytes"] += sum(len(f) for f in frames)
-            return segment
+        out: list[Segment] = []
+        taken: Counter = Counter()                 # sender -> messages taken, not yet acked
+        try:
+            while len(out) < n:
+                wait = 0 if out else None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+                if wait != 0 and taken:
+                    self._ack(taken)
+                if not self._router.poll(wait):
+                    break
+                sender, *frames = self._router.recv_multipart(copy=False)
+                taken[sender.bytes] += 1
+                segment = self._check(frames)
+                if segment is not None:
+                    out.append(segment)
+                elif deadline is not None and time.monotonic() >= deadline:
+                    break
+        finally:
+            self._ack(taken)
+        return out
+
+    def _check(self, frames) -> Segment | None:
+        """The segment the frames hold, or None (counted by reason) when they hold no valid one."""
+        try:
+            segment = decode_segment(frames, self.spec, self._limits)
+            token = segment.meta.pop("token", None)
+            if self._key is not None and not self._signed(segment.meta["actor_id"], frames[0], token):
+                raise ValidationError("unregistered", f"segment from actor {segment.meta['actor_id'][:40]!r} "
+                                                      "without the token of its welcome")
+        except ValidationError as e:
+            self.stats["invalid"][e.reason] += 1
+            self._drop_log(e.reason, str(e))
+            return None
+        self.stats["received"] += 1
+        self.stats["bytes"] += sum(len(f) for f in frames)
+        return segment
 
     def close(self) -> None:
         self._node.close(0)
 
-    def _ack(self, sender) -> None:
-        try:
-            self._router.send_multipart([sender, b""], flags=zmq.NOBLOCK)
-        except zmq.ZMQError:          # the actor left, or its inbox is full: it re-syncs on rejoin
-            pass
+    def _signed(self, actor_id, frame, token) -> bool:
+        """The token is the one the learner gave actor_id from this frame's key. Tokens are never
+        revoked, so one checked once need not be computed again (a bounded cache: one HMAC less
+        per segment)."""
+        peer = peer_key(frame) if self._node.curve is not None else ""
+        key = (actor_id, peer, token)
+        if key in self._tokens_seen:
+            return True
+        if not valid_token(self._key, actor_id, peer, token):
+            return False
+        if len(self._tokens_seen) >= 4096:
+            self._tokens_seen.clear()
+        self._tokens_seen.add(key)
+        return True
+
+    def _ack(self, taken: Counter) -> None:
+        for sender, count in taken.items():
+            try:
+                self._router.send_multipart([sender, ack_frame(count)], flags=zmq.NOBLOCK)
+            except zmq.ZMQError:      # the actor left, or its inbox is full: it re-syncs on rejoin
+                pass
+        taken.clear()
+
+
+def ack_frame(count: int) -> bytes:
+    """An ack: how many of the sender's messages a rank just took (4 bytes, little-endian)."""
+    return count.to_bytes(4, "little")
+
+
+def ack_count(frame) -> int:
+    """The count an ack frame carries; 0 for anything that is not one."""
+    data = frame.bytes if hasattr(frame, "bytes") else bytes(frame)
+    return int.from_bytes(data, "little") if len(data) == 4 else 0
 
 
 class TrajectorySender:
@@ -223,9 +272,10 @@ class TrajectorySender:
     def _read_acks(self) -> None:
         for r, dealer in enumerate(self._dealers):
             while dealer.poll(0, zmq.POLLIN):
-                dealer.recv(copy=False)
-                self.acked += 1
-                self._held[r] = max(0, self._held[r] - 1)
+                # (bounded by what was sent: a count from a peer that is no learner changes nothing else)
+                n = min(ack_count(dealer.recv(copy=False)), self.sent - self.acked)
+                self.acked += n
+                self._held[r] = max(0, self._held[r] - n)
 
     def _flush_nowait(self) -> int:
         while self._pending and self._try_send(self._pending[0]):

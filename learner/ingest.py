@@ -145,6 +145,7 @@ class Inbox:
         self.on_segment = on_segment
         self.watchdog = watchdog
         self._stale = self._future = 0
+        self._width = 1                  # columns (envs) per segment, as the last one had
 
     def fill(self, n: int, version: int, stop) -> bool:
         self.buffer.drop_stale(version)
@@ -155,19 +156,20 @@ class Inbox:
                 return True
             if stop.is_set():
                 return False
-            seg = self.receiver.recv(timeout_ms=200)
-            if seg is None:
-                continue
-            made_by = int(seg.meta["policy_version"])
-            lag = version - made_by
-            if lag > self.max_policy_lag:
-                self._stale += 1
-            elif lag < 0:
-                self._future += 1
-            else:
-                self.buffer.add(seg.arrays, made_by)
-                if self.on_segment is not None:
-                    self.on_segment(seg, lag)
+            # as many segments as the columns still missing take, at the last segment's width
+            need = -(-(n - self.buffer.columns) // self._width)
+            for seg in self.receiver.recv_many(need, timeout_ms=200):
+                self._width = seg.meta["num_envs"]
+                made_by = int(seg.meta["policy_version"])
+                lag = version - made_by
+                if lag > self.max_policy_lag:
+                    self._stale += 1
+                elif lag < 0:
+                    self._future += 1
+                else:
+                    self.buffer.add(seg.arrays, made_by)
+                    if self.on_segment is not None:
+                        self.on_segment(seg, lag)
 
     def take(self, n: int) -> Batch:
         return self.buffer.take(n)

@@ -58,8 +58,10 @@ import zmq
 
 from asyncvla.common import protocol as P
 from asyncvla.common.signals import descendants, process_start_time, python_module
+from asyncvla.common.trajectory_channel import ack_count
 from tests.test_e2e import free_port
 from tests.test_e2e_system import SMALL_BACKBONE, start
+from tests.wire import header_of
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "configs" / "pixel_task.yaml")
@@ -404,16 +406,17 @@ class Peer:
         while self.sock.poll(wait_ms):
             wait_ms = 0
             frames = self.sock.recv_multipart(copy=False)
-            if len(frames) == 1 and len(frames[0]) == 0:
-                kind = "ack"
+            if len(frames) == 1 and ack_count(frames[0]):          # an ack: segments taken
+                kind, n = "ack", ack_count(frames[0])
             else:
+                n = 1
                 try:
                     msg = P.decode(frames, P.Limits.for_kind("control", 64))
                     kind = msg.kind
                     self.last[kind] = msg
                 except P.ValidationError:
                     kind = "undecodable"
-            self.replies[kind] = self.replies.get(kind, 0) + 1
+            self.replies[kind] = self.replies.get(kind, 0) + n
 
     def settle(self, quiet_s: float = 1.0, timeout_s: float = 30.0) -> None:
         """Read replies until none came for quiet_s."""
@@ -470,7 +473,12 @@ def _deep(rng) -> bytes:
 
 
 def _pack(header, deep: bytes | None = None) -> bytes:
-    packed = msgpack.packb(header, use_bin_type=True)
+    """Header bytes (its layout a list, packed as the codec packs it); `deep` replaces DEEP_MARK,
+    in the layout's bytes or in the header's."""
+    layout = msgpack.packb(header["layout"], use_bin_type=True)
+    if deep is not None and DEEP_MARK in layout:
+        layout, deep = layout.replace(DEEP_MARK, deep, 1), None
+    packed = msgpack.packb({**header, "layout": layout}, use_bin_type=True)
     return packed if deep is None else packed.replace(DEEP_MARK, deep, 1)
 
 
@@ -492,15 +500,15 @@ def hostile(rng, category: str, header: dict, frames: list, out_of_range) -> lis
     if category == "deep_nesting":
         where = rng.integers(3)
         h = dict(header, meta="\x00deep\x00") if where == 0 else \
-            dict(header, arrays=[*header["arrays"], "\x00deep\x00"]) if where == 1 else \
+            dict(header, layout=[*header["layout"], "\x00deep\x00"]) if where == 1 else \
             dict(header, meta={**header["meta"], "x": "\x00deep\x00"})
         return [_pack(h, _deep(rng)), *frames]
     if category == "huge_shape":
         shape = [[1 << 62, 1 << 62, 0], [2**40 + 1], [2**63 - 1], [2**64 - 1], [-1], [1.5], list(range(1, 10)),
                  "x", [2**31] * 4][int(rng.integers(9))]
-        arrays = [list(a) for a in header["arrays"]] or [["f", "uint8", []]]
-        arrays[int(rng.integers(len(arrays)))][2] = shape
-        return [_pack(dict(header, arrays=arrays)), *(frames or [b""])]
+        layout = [list(a) for a in header["layout"]] or [["f", "uint8", []]]
+        layout[int(rng.integers(len(layout)))][2] = shape
+        return [_pack(dict(header, layout=layout)), *(frames or [b""])]
     if category == "many_frames":
         n = int(rng.integers(1, 400))
         return [packed, *frames, *([rng.bytes(int(rng.integers(0, 64)))] * n)]
@@ -562,7 +570,7 @@ def _fuzz_stream(count: int, rng, kinds: dict, out_of_range, categories):
     for i in range(count):
         category = categories[i % len(categories)]
         kind = names[int(rng.integers(len(names)))]
-        yield category, hostile(rng, category, {"type": kind, "v": 1, "meta": kinds[kind], "arrays": []}, [],
+        yield category, hostile(rng, category, {"type": kind, "v": P.SCHEMA_VERSION, "meta": kinds[kind], "layout": []}, [],
                                 out_of_range)
 
 
@@ -637,7 +645,7 @@ def trajectory_fuzz(count: int, rng, maker: SegmentMaker, version_fn, categories
             yield category, P.encode_segment(seg)
             continue
         k = int(rng.integers(len(bases)))
-        header = msgpack.unpackb(base_frames[k][0])
+        header = header_of(base_frames[k][0])
         yield category, hostile(rng, category, header, base_frames[k][1:], out_of_range)
 
 

@@ -10,6 +10,7 @@ import torch
 from asyncvla.common import protocol as P
 from asyncvla.common.auth import actor_token, learner_key
 from asyncvla.common.protocol import Limits, Segment, SegmentSpec, ValidationError
+from tests.wire import header_of, pack_header
 
 LIMITS = Limits.for_kind(P.SEGMENT, 64)
 
@@ -94,12 +95,35 @@ def test_decoded_arrays_view_the_received_frames():
     spec = make_spec()
     frames = as_bytearrays(P.encode_segment(make_segment(spec)))
     out = P.decode_segment(frames, spec, LIMITS)
-    names = [spec_[0] for spec_ in msgpack.unpackb(bytes(frames[0]))["arrays"]]
-    for name, frame in zip(names, frames[1:]):
-        if frame:
-            assert np.shares_memory(out.arrays[name], np.frombuffer(frame, np.uint8)), name
-    frames[names.index("image") + 1][0] ^= 0xFF          # writing the frame changes the array
-    assert out.arrays["image"].flat[0] == frames[names.index("image") + 1][0]
+    for name, arr in out.arrays.items():
+        assert any(np.shares_memory(arr, np.frombuffer(f, np.uint8)) for f in frames if f) or not arr.size, name
+    image = next(f for f in frames if np.shares_memory(out.arrays["image"], np.frombuffer(f, np.uint8)))
+    image[0] ^= 0xFF                                  # writing the frame changes the array
+    assert out.arrays["image"].flat[0] == image[0]
+
+
+def test_small_arrays_travel_packed_in_one_frame_and_large_ones_alone():
+    spec = make_spec(H=128)                           # images (128 px) large; all else small
+    seg = make_segment(spec)
+    frames = as_bytearrays(P.encode_segment(seg))
+    order = [k for k in P.WIRE_ORDER if k in seg.arrays]   # how actors send them
+    small = [k for k in order if seg.arrays[k].nbytes < P.PACK_BELOW]
+    large = [k for k in order if seg.arrays[k].nbytes >= P.PACK_BELOW]
+    assert large == ["image", "final_image"] and len(frames) == 2 + len(large)
+    out = P.decode_segment(frames, spec, LIMITS)
+    packed = np.frombuffer(frames[1], np.uint8)
+    end = 0
+    for name in small:                                # in order, each at the next multiple of 8
+        start = end + (-end % P.ALIGN)
+        view = out.arrays[name]
+        if view.size:
+            assert view.__array_interface__["data"][0] - packed.__array_interface__["data"][0] == start, name
+        end = start + view.nbytes
+    assert len(frames[1]) == end
+    assert [len(f) for f in frames[2:]] == [seg.arrays[k].nbytes for k in large]
+    no_small = P.encode("weights", {"version": 1}, {"w": np.zeros(P.PACK_BELOW, np.uint8)})
+    assert len(no_small) == 2                          # no packed frame when nothing is small
+    assert P.decode(no_small, Limits.for_kind(P.WEIGHTS, 1)).arrays["w"].shape == (P.PACK_BELOW,)
 
 
 def test_weights_round_trip_with_bf16_and_scalars():
@@ -136,62 +160,44 @@ def test_encode_refuses_dtypes_outside_the_allow_list():
 SMALL = make_spec(T=4, B=2, H=16, L=8, K=2, D=3, S=3)
 
 
-def _header(frames):
-    return msgpack.unpackb(bytes(frames[0]))
-
-
-def _with_header(frames, header):
-    return [msgpack.packb(header)] + list(frames[1:])
-
-
-def _index(frames, name):
-    return [a[0] for a in _header(frames)["arrays"]].index(name) + 1
-
-
 def _set_meta(key, value):
     def f(frames):
-        h = _header(frames)
+        h = header_of(frames[0])
         h["meta"][key] = value
-        return _with_header(frames, h)
+        return [pack_header(h)] + frames[1:]
     return f
+
+
+def _arrays(frames) -> tuple[dict, dict]:
+    msg = P.decode(frames, LIMITS)
+    return msg.meta, {k: v.copy() for k, v in msg.arrays.items()}
 
 
 def _set_array(name, fn):
+    """Change an array's values (or replace it: fn returns the new one) and encode again."""
     def f(frames):
-        i = _index(frames, name)
-        h = _header(frames)
-        tag, shape = h["arrays"][i - 1][1], h["arrays"][i - 1][2]
-        arr = np.frombuffer(frames[i], P.DTYPES[tag]).reshape(shape).copy()
-        fn(arr)
-        return frames[:i] + [arr.tobytes()] + frames[i + 1:]
-    return f
-
-
-def _spec_entry(name, pos, value):
-    def f(frames):
-        h = _header(frames)
-        h["arrays"][_index(frames, name) - 1][pos] = value
-        return _with_header(frames, h)
+        meta, arrays = _arrays(frames)
+        new = fn(arrays[name])
+        if new is not None:
+            arrays[name] = new
+        return P.encode(P.SEGMENT, meta, arrays)
     return f
 
 
 def _drop_array(name):
     def f(frames):
-        i = _index(frames, name)
-        h = _header(frames)
-        del h["arrays"][i - 1]
-        return _with_header(frames[:i] + frames[i + 1:], h)
+        meta, arrays = _arrays(frames)
+        del arrays[name]
+        return P.encode(P.SEGMENT, meta, arrays)
     return f
 
 
-def _retag(name, tag, itemsize):
+def _spec_entry(name, pos, value):
+    """Change one layout entry (name, dtype or shape) and nothing else."""
     def f(frames):
-        i = _index(frames, name)
-        h = _header(frames)
-        entry = h["arrays"][i - 1]
-        entry[1] = tag
-        n = int(np.prod(entry[2]))
-        return _with_header(frames[:i] + [bytes(n * itemsize)] + frames[i + 1:], h)
+        h = header_of(frames[0])
+        next(e for e in h["layout"] if e[0] == name)[pos] = value
+        return [pack_header(h)] + frames[1:]
     return f
 
 
@@ -214,22 +220,25 @@ CASES = {
     "truncated header": (lambda f: [bytes(f[0])[:-3]] + f[1:], "bad_header"),
     "nesting bomb": (_nested(20_000), "bad_header"),
     "ext type": (lambda f: [msgpack.packb(msgpack.ExtType(1, b"x"))] + f[1:], "bad_header"),
-    "schema version": (lambda f: _with_header(f, {**_header(f), "v": 99}), "schema_version"),
-    "wrong type": (lambda f: _with_header(f, {**_header(f), "type": "weights"}), "wrong_type"),
+    "schema version": (lambda f: [pack_header({**header_of(f[0]), "v": 99})] + f[1:], "schema_version"),
+    "wrong type": (lambda f: [pack_header({**header_of(f[0]), "type": "weights"})] + f[1:], "wrong_type"),
+    "layout not bytes": (lambda f: [msgpack.packb({**header_of(f[0]), "layout": []})] + f[1:], "bad_header"),
     "frame dropped": (lambda f: f[:-1], "frame_count"),
     "frame added": (lambda f: f + [b"1234"], "frame_count"),
     "truncated frame": (lambda f: f[:1] + [bytes(f[1])[:-1]] + f[2:], "frame_size"),
+    "padded frame": (lambda f: f[:1] + [bytes(f[1]) + b"\0" * 8] + f[2:], "frame_size"),
     "unknown dtype": (_spec_entry("rewards", 1, "object"), "bad_dtype"),
     "negative dim": (_spec_entry("rewards", 2, [-4, 2]), "bad_shape"),
-    "huge declared shape": (_spec_entry("image", 2, [1 << 20, 1 << 20]), "frame_size"),
+    "huge declared shape": (_spec_entry("image", 2, [1 << 20, 1 << 20]), "frame_count"),
+    "larger declared shape": (_spec_entry("image", 2, [5, 2, 16, 16, 4]), "frame_size"),
     "absurd empty shape": (_spec_entry("rewards", 2, [1 << 62, 1 << 62, 0]), "bad_shape"),
     "deep nesting": (_spec_entry("rewards", 2, _deep_list(1000)), "too_deep"),
     "deep meta": (_set_meta("act_s", _deep_list(1000)), "too_deep"),
     "float dim": (_spec_entry("rewards", 2, [4.0, 2]), "bad_shape"),
     "repeated name": (_spec_entry("rewards", 0, "image"), "bad_header"),
-    "field dtype": (_retag("rewards", "float16", 2), "bad_dtype"),
+    "field dtype": (_set_array("rewards", lambda a: a.astype(np.float16)), "bad_dtype"),
     "missing field": (_drop_array("final_state"), "bad_fields"),
-    "image size": (_spec_entry("image", 2, [5, 2, 8, 32, 3]), "bad_shape"),
+    "image size": (_set_array("image", lambda a: np.zeros((5, 2, 8, 32, 3), np.uint8)), "bad_shape"),
     "T disagrees with meta": (_set_meta("num_steps", 5), "bad_shape"),
     "meta bool": (_set_meta("seq", True), "bad_meta"),
     "meta huge int": (_set_meta("seq", (1 << 64) - 1), "bad_meta"),
@@ -261,6 +270,50 @@ def test_invalid_segments_are_rejected_with_their_reason(case):
     assert err.value.reason == reason, str(err.value)
 
 
+def _naive_value_problem(arrays: dict, vocab: int) -> str | None:
+    """The first group check a segment fails, field by field and element by element."""
+    for name in P.FINITE_FIELDS:
+        if name in arrays and any(not np.isfinite(float(x)) for x in arrays[name].ravel()):
+            return "not_finite"
+    for name in P.BINARY_FIELDS:
+        if any(int(x) not in (0, 1) for x in arrays[name].ravel()):
+            return "bad_values"
+    for name in P.TEXT_FIELDS:
+        if any(not 0 <= int(x) < vocab for x in arrays[name].ravel()):
+            return "bad_token"
+    return None
+
+
+@pytest.mark.parametrize("order", ["wire", "schema", "shuffled"])
+def test_grouped_value_checks_match_a_field_by_field_check(order):
+    """Floats finite, flags 0/1 and text ids in the vocabulary are checked once per group of fields
+    lying side by side; whatever order a sender uses, the verdict is the per-field one."""
+    rng = np.random.default_rng(7)
+    spec = make_spec(T=4, B=2, H=16, L=8, K=2, D=3, S=3, vocab=512)
+    groups = [P.FINITE_FIELDS, P.BINARY_FIELDS, P.TEXT_FIELDS]
+    bad_values = {"not_finite": [np.nan, np.inf, -np.inf], "bad_values": [2, 255], "bad_token": [-1, 512, 1 << 40]}
+    for trial in range(120):
+        seg = make_segment(spec, B=2, truncations=int(rng.integers(0, 3)), episodes=int(rng.integers(0, 3)), rng=rng)
+        arrays = {k: v.copy() for k, v in seg.arrays.items()}
+        if trial % 4:                                    # one corrupt element in a random field of a group
+            group = groups[int(rng.integers(3))]
+            name = str(rng.choice([k for k in group if arrays[k].size]))
+            reason = {0: "not_finite", 1: "bad_values", 2: "bad_token"}[groups.index(group)]
+            arrays[name].flat[int(rng.integers(arrays[name].size))] = rng.choice(bad_values[reason])
+        names = list(P.WIRE_ORDER if order == "wire" else P.SEGMENT_FIELDS)
+        if order == "shuffled":
+            rng.shuffle(names)
+        frames = P.encode(P.SEGMENT, seg.meta, {k: arrays[k] for k in names if k in arrays})
+        want = _naive_value_problem(arrays, 512)
+        if want is None:
+            P.decode_segment(frames, spec, LIMITS)
+            continue
+        with pytest.raises(ValidationError) as err:
+            P.decode_segment(frames, spec, LIMITS)
+        assert err.value.reason == want, (order, trial, str(err.value))
+        assert f"'{name}'" in str(err.value)                  # names the field, not the group
+
+
 def test_size_limits_apply_before_parsing():
     frames = P.encode_segment(make_segment(SMALL, B=2))
     size = P.total_bytes(frames)
@@ -284,18 +337,18 @@ def test_every_channel_bounds_frames_bytes_and_depth(kind):
         P.decode([hello[0] + bytes(limits.max_bytes)], limits)
     assert err.value.reason == "too_large"
     # ~1,000 levels: shallower than msgpack's own limit, deep enough to exhaust Python's stack
-    for header in ({"type": "hello", "v": 1, "meta": {}, "arrays": _deep_list(1000)},
-                   {"type": "hello", "v": 1, "meta": {"x": _deep_list(1000)}, "arrays": []},
-                   {"type": _deep_list(1000), "v": 1, "meta": {}, "arrays": []}):
+    for header in ({"type": "hello", "v": 2, "meta": {}, "layout": msgpack.packb(_deep_list(1000))},
+                   {"type": "hello", "v": 2, "meta": {"x": _deep_list(1000)}, "layout": msgpack.packb([])},
+                   {"type": _deep_list(1000), "v": 2, "meta": {}, "layout": msgpack.packb([])}):
         with pytest.raises(ValidationError) as err:
             P.decode([msgpack.packb(header)], limits)
         assert err.value.reason == "too_deep"
 
 
 def test_decoders_turn_unforeseen_errors_into_a_reason(monkeypatch):
-    def broken(specs):
+    def broken(raw, limits):
         raise IndexError("a check we lack")
-    monkeypatch.setattr(P, "_array_layout", broken)
+    monkeypatch.setattr(P, "_layout", broken)
     hello = P.encode_control("hello", {"actor_id": "a", "host": "h", "pid": 1, "num_envs": 0})
     with pytest.raises(ValidationError) as err:
         P.decode_control(hello, Limits.for_kind("request", 1), "hello")

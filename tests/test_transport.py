@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 
-import msgpack
 import numpy as np
 import psutil
 import pytest
@@ -21,7 +20,10 @@ import zmq
 from asyncvla.common import protocol as P
 from asyncvla.common import transport
 from asyncvla.common.config import TransportConfig
+from asyncvla.common.sockets import bound_endpoint
+from asyncvla.common.trajectory_channel import ack_count, ack_frame
 from tests.test_protocol import make_segment, make_spec, process_token
+from tests.wire import header_of, pack_header
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -138,13 +140,64 @@ def test_in_flight_counts_segments_until_a_rank_takes_them(two_ranks):
     assert sender.in_flight == 0 and sender.wait_for_room(1, timeout=0)
 
 
+def test_a_rank_acks_what_it_took_at_once_with_one_count_per_actor():
+    spec = make_spec(T=2, B=1, H=8, L=4, K=2, D=2)
+    cfg = tcfg()
+    rx = transport.TrajectoryReceiver(cfg, 0, spec, endpoint="tcp://127.0.0.1:*")
+    senders = [transport.TrajectorySender([rx.endpoint], cfg) for _ in range(2)]
+    ctx = zmq.Context()
+    spy = ctx.socket(zmq.DEALER)                  # sees its acks frame by frame
+    spy.connect(rx.endpoint)
+    try:
+        for i in range(5):
+            senders[i % 2].send(make_segment(spec, B=1, seq=i, truncations=0))
+        spy_frames = P.encode_segment(make_segment(spec, B=1, seq=9, truncations=0))
+        for _ in range(3):
+            spy.send_multipart(spy_frames)
+        time.sleep(0.3)                           # all 8 have arrived
+        assert len(rx.recv_many(3, timeout_ms=5000)) == 3          # what has arrived, up to 3
+        got = rx.recv_many(100, timeout_ms=5000)                    # the rest, without waiting
+        assert len(got) == 5 and rx.recv_many(100, timeout_ms=100) == []
+        assert wait_until(lambda: all(s.in_flight == 0 for s in senders))
+        acks = []
+        while spy.poll(200):
+            acks.append(ack_count(spy.recv()))
+        assert sum(acks) == 3 and len(acks) <= 2  # counted per call, not one ack per segment
+        assert ack_count(b"") == 0 and ack_count(b"x" * 5) == 0
+    finally:
+        spy.close(0)
+        ctx.term()
+        for s in senders:
+            s.close()
+        rx.close()
+
+
+def test_an_ack_never_counts_more_than_was_sent():
+    ctx = zmq.Context()
+    fake = ctx.socket(zmq.ROUTER)                 # a "learner" that acks far too much
+    fake.bind("tcp://127.0.0.1:*")
+    sender = transport.TrajectorySender([bound_endpoint(fake)], tcfg())
+    try:
+        spec = make_spec(T=2, B=1, H=8, L=4, K=2, D=2)
+        for i in range(2):
+            sender.send(make_segment(spec, B=1, seq=i, truncations=0))
+        assert fake.poll(5000)
+        peer = fake.recv_multipart()[0]
+        fake.send_multipart([peer, ack_frame(10**6)])
+        assert sender.wait_for_room(1, timeout=5)
+        assert sender.in_flight == 0 and sender.acked == 2
+    finally:
+        sender.close()
+        fake.close(0)
+        ctx.term()
+
+
 def _fuzz_messages(spec, count, rng):
     """(frames, kind) pairs: kind 'good' (valid, checked on arrival), 'flip' (a random header
     byte flipped: usually invalid, may by chance stay valid) or 'bad' (invalid by construction)."""
     base = [bytes(memoryview(f).cast("B")) if not isinstance(f, bytes) else f
             for f in P.encode_segment(make_segment(spec, B=2, truncations=1, episodes=1, actor_id="fuzz"))]
-    header = msgpack.unpackb(base[0])
-    names = [a[0] for a in header["arrays"]]
+    names = [a[0] for a in header_of(base[0])["layout"]]
 
     def mutated(i):
         frames = list(base)
@@ -165,8 +218,8 @@ def _fuzz_messages(spec, count, rng):
             return frames[: int(rng.integers(1, len(frames)))], "bad"
         if choice == 5:
             return frames + [rng.bytes(8)] * int(rng.integers(1, 40)), "bad"
-        h = msgpack.unpackb(frames[0])
-        entry = h["arrays"][int(rng.integers(len(names)))]
+        h = header_of(frames[0])
+        entry = h["layout"][int(rng.integers(len(names)))]
         if choice == 6:
             entry[1] = str(rng.choice(["float64", "object", "O", "<U8", "complex64", "V8"]))
         elif choice == 7:
@@ -176,13 +229,13 @@ def _fuzz_messages(spec, count, rng):
         elif choice == 9:
             h["meta"]["num_steps"] = int(rng.integers(5, 1 << 40))
         elif choice == 10:                      # NaN into a float field
-            k = names.index("rewards") + 1
-            arr = np.frombuffer(frames[k], np.float32).copy()
-            arr[int(rng.integers(arr.size))] = np.nan
-            frames[k] = arr.tobytes()
+            msg = P.decode(frames, P.Limits.for_kind(P.SEGMENT, 1))
+            arrays = {k: v.copy() for k, v in msg.arrays.items()}
+            arrays["rewards"].flat[int(rng.integers(arrays["rewards"].size))] = np.nan
+            return P.encode(P.SEGMENT, msg.meta, arrays), "bad"
         else:                                   # over the total size limit, each frame under it
             return [frames[0]] + [bytes(400 << 10)] * 3, "bad"
-        return [msgpack.packb(h)] + frames[1:], "bad"
+        return [pack_header(h)] + frames[1:], "bad"
 
     for i in range(count):
         if i % 20 == 0:
@@ -264,11 +317,11 @@ def deep_list(depth: int) -> list:
 
 def hostile_requests(kind: str, meta: dict) -> dict[str, list]:
     """Bad messages a peer may send to a request server, each with the drop reason it must get."""
-    header = {"type": kind, "v": 1, "meta": meta, "arrays": []}
-    good = msgpack.packb(header)
-    return {"too_deep": [msgpack.packb({**header, "arrays": deep_list(1000)})],
-            "too_deep ": [msgpack.packb({**header, "meta": {**meta, "x": deep_list(1000)}})],
-            "bad_shape": [msgpack.packb({**header, "arrays": [["f", "uint8", [1 << 62, 1 << 62, 0]]]})],
+    header = {"type": kind, "v": P.SCHEMA_VERSION, "meta": meta, "layout": []}
+    good = pack_header(header)
+    return {"too_deep": [pack_header({**header, "layout": deep_list(1000)})],
+            "too_deep ": [pack_header({**header, "meta": {**meta, "x": deep_list(1000)}})],
+            "bad_shape": [pack_header({**header, "layout": [["f", "uint8", [1 << 62, 1 << 62, 0]]]})],
             "frame_count": [good] + [bytes(1000)] * 40,
             "bad_header": [b"\xc1"]}
 
@@ -300,19 +353,17 @@ def test_trajectory_receiver_drops_hostile_segments_and_keeps_serving():
     spec = P.SegmentSpec(**{**spec.__dict__, "first_action_id": 256, "max_abs_reward": 1e4})
     good = in_action_range(make_segment(spec, B=2, truncations=1, episodes=1), 256, 512)
     frames = [bytes(memoryview(f).cast("B")) for f in P.encode_segment(good)]
-    header = msgpack.unpackb(frames[0])
-    names = [a[0] for a in header["arrays"]]
+    header = header_of(frames[0])
 
     def with_array(name, fn):
         arrays = {k: v.copy() for k, v in good.arrays.items()}
         fn(arrays[name])
         return P.encode_segment(P.Segment(good.meta, arrays))
 
-    huge = msgpack.unpackb(frames[0])
-    huge["arrays"][names.index("rewards")][2] = [1 << 62, 1 << 62, 0]
-    rewards_at = names.index("rewards") + 1
-    cases = {"too_deep": [msgpack.packb({**header, "arrays": header["arrays"] + [deep_list(1000)]})] + frames[1:],
-             "bad_shape": [msgpack.packb(huge)] + frames[1:rewards_at] + [b""] + frames[rewards_at + 1:],
+    huge = header_of(frames[0])
+    next(e for e in huge["layout"] if e[0] == "rewards")[2] = [1 << 62, 1 << 62, 0]
+    cases = {"too_deep": [pack_header({**header, "layout": header["layout"] + [deep_list(1000)]})] + frames[1:],
+             "bad_shape": [pack_header(huge)] + frames[1:],
              "frame_count": frames + [bytes(1000)] * 40,
              "bad_token": with_array("action_tokens", lambda a: a.__setitem__((0, 0, 0), 255)),
              "bad_reward": with_array("rewards", lambda a: a.__setitem__((0, 0), 3e38))}
@@ -496,11 +547,11 @@ def test_subscriber_drops_invalid_weights_and_keeps_going():
     server.linger = 0
     server.bind("tcp://127.0.0.1:*")
     sub = subscriber(server.getsockopt(zmq.LAST_ENDPOINT).decode(), tcfg(), wait_s=0.2)
-    huge = msgpack.unpackb(P.encode_weights(4, {"w": np.zeros(0, np.float32)})[0])
-    huge["arrays"][0][2] = [1 << 62, 1 << 62, 0]
-    deep = {"type": "weights", "v": 1, "meta": {"version": 4}, "arrays": deep_list(1000)}
+    huge = header_of(P.encode_weights(4, {"w": np.zeros(0, np.float32)})[0])
+    huge["layout"][0][2] = [1 << 62, 1 << 62, 0]
+    deep = {"type": "weights", "v": P.SCHEMA_VERSION, "meta": {"version": 4}, "layout": deep_list(1000)}
     replies = [[b"\x93\x01"], P.encode_weights(4, {"w": np.array([1.0, np.nan], np.float32)}),
-               [msgpack.packb(deep)], [msgpack.packb(huge), b""],
+               [pack_header(deep)], [pack_header(huge), b""],
                P.encode_weights(5, {"w": np.array([1.0, 2.0], np.float32)})]
     try:
         for reply in replies:

@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 
-import msgpack
 import numpy as np
 import pytest
 import zmq
@@ -23,6 +22,7 @@ from asyncvla.common.sockets import TransportError, bound_endpoint
 from asyncvla.launch import cli
 from tests.test_protocol import make_segment, make_spec
 from tests.test_transport import REPO, deep_list, hostile_requests, reasons_of, send_raw, wait_until
+from tests.wire import pack_header
 
 FAST = dict(heartbeat_interval_s=0.1, heartbeat_timeout_s=1.5, reconnect_max_s=0.4, linger_ms=200)
 SPEC = make_spec(T=2, B=2, H=16, L=8, K=2, D=3)
@@ -161,8 +161,8 @@ def test_learner_client_drops_hostile_replies_and_joins():
     learner.bind("tcp://127.0.0.1:*")
     good = {"config": {}, "trajectory_endpoints": ["tcp://127.0.0.1:2"], "weights_endpoint": "tcp://127.0.0.1:3",
             "weight_version": 0, "policy": {"path": "/p"}, "rollout": {}, "token": "t"}
-    replies = [[msgpack.packb({"type": "welcome", "v": 1, "meta": {**good, "config": deep_list(1000)},
-                               "arrays": []})],
+    replies = [[pack_header({"type": "welcome", "v": P.SCHEMA_VERSION, "meta": {**good, "config": deep_list(1000)},
+                             "layout": []})],
                P.encode_control("welcome", {**good, "heartbeat_timeout_s": "soon"}),
                P.encode_control("welcome", {**good, "heartbeat_interval_s": float("nan")}),
                P.encode_control("welcome", {k: v for k, v in good.items() if k != "token"}),
