@@ -49,7 +49,7 @@ TOKEN = actor_token(KEY, "bench", "")
 def run(quick: bool = False) -> dict:
     results = {"throughput": [], "weights": []}
     budget = (128 if quick else 1024) << 20          # bytes per measured run
-    repeats = 3 if quick else 5
+    repeats = 3 if quick else 8
     cases = [(label, _side_for(nbytes), T, B) for label, nbytes in TARGETS] + [("realistic", 128, 16, 8)]
     for label, side, t, b in cases:
         size = P.total_bytes(P.encode_segment(_segment(side, t, b)))
