@@ -21,7 +21,7 @@ import torch
 from asyncvla.common.config import PolicyConfig
 from asyncvla.common.policy import VLAPolicy
 from asyncvla.common.policy.action_head import ACTION_HEADS
-from tests.benchmarks.report import Figure, best_of, main
+from tests.benchmarks.report import Figure, at_least, best_of, main
 
 ACT_BATCHES = (1, 8, 32)
 EVAL_BATCHES = (8, 32)
@@ -100,6 +100,13 @@ def figures(results: dict) -> list[Figure]:
             out.append(Figure("policy (tiny VLA)", f"act() {head} {b} actions/s", r["actions_per_s"], "/s",
                               note=f"{r['env_steps_per_s']:.1f} env steps/s, "
                                    f"{r['seconds_per_call'] * 1e3:.1f} ms/call"))
+    act = results["act"]
+    if {"autoregressive", "parallel"} <= set(act):
+        for b in act["parallel"]:
+            ratio = act["parallel"][b]["actions_per_s"] / act["autoregressive"][b]["actions_per_s"]
+            goal = b == "batch_8"            # the figure: 7 x 4-token chunks at batch 8
+            out.append(Figure("policy (tiny VLA)", f"act() parallel / autoregressive, {b}", ratio, "x",
+                              ">= 5x" if goal else "", at_least(ratio, 5.0) if goal else None))
     for head, rows in results["evaluate"].items():
         for b, r in rows.items():
             out.append(Figure("policy (tiny VLA)", f"evaluate() {head} fwd+bwd {b} samples/s", r["samples_per_s"],
