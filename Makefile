@@ -29,8 +29,8 @@ test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Performance and learning figures beside their baselines and goals: one table, and the JSON in
-# bench_results/bench.json (+ learning.csv / learning.png). ~80 minutes on 2 CPU cores, most of it
-# the learning benchmark's three 15-minute runs and the fault suite (~12); `make bench ARGS=--quick` takes ~20.
+# bench_results/bench.json (+ learning.csv / learning.png). ~100 minutes on 2 CPU cores, most of it
+# the learning benchmark's four 15-minute runs and the fault suite (~12); `make bench ARGS=--quick` takes ~25.
 bench: setup
 	$(PY) -m tests.benchmarks.run_all $(ARGS)
 

@@ -8,6 +8,8 @@ From ONE warm start (the pixel task's demos + SFT, made once with `asyncvla coll
     async    the system as shipped
     sync     --sync: rollout and training in series (today's synchronous VLA-RL loop)
     nocorr   asynchronous, algorithm.off_policy_correction=none (no V-trace: stale data as on-policy)
+    parallel asynchronous with policy.action_head=parallel, from its own warm start (the head is
+             part of the model, so SFT runs again with it; its time-0 point is that SFT policy)
 Each arm checkpoints every few updates. Afterwards the published (EMA) weights of every
 checkpoint — what the actors were running — are evaluated on the same fixed initial states,
 sampled as actors sample, with Wilson 95 % intervals, and placed at the wall time of its save
@@ -19,7 +21,7 @@ reaches; async/sync time ratio, goal <= 0.6), writes OUT/learning.csv (one row p
 OUT/learning.png (success vs wall time and vs env steps, with interval bands) and the JSON.
 
     python -m tests.benchmarks.learning [--quick] [--out bench_results/learning.json]
-    (--quick: 3-minute arms, 32 episodes; full: 15-minute arms, 64 episodes: ~55 min on 2 cores)
+    (--quick: 3-minute arms, 32 episodes; full: 15-minute arms, 64 episodes: ~75 min on 2 cores)
 An arm whose run under OUT/learning/ has finished is evaluated again but not retrained; delete
 OUT/learning/ARM (or all of OUT/learning/) to train it anew.
 """
@@ -36,7 +38,8 @@ from tests.benchmarks import workload
 from tests.benchmarks.report import Figure, at_most, main
 
 CONFIG = workload.CONFIG
-ARMS = {"async": [], "sync": ["--sync"], "nocorr": ["algorithm.off_policy_correction=none"]}
+ARMS = {"async": [], "sync": ["--sync"], "nocorr": ["algorithm.off_policy_correction=none"],
+        "parallel": ["policy.action_head=parallel"]}
 THRESHOLDS = (0.9, 0.8, 0.7, 0.6, 0.5)
 REPORT_AT_MIN = (0, 2, 5, 10, 15)
 EVAL_SEED = 0
@@ -50,11 +53,15 @@ def run(quick: bool = False, out_dir: Path = OUT_DIR, arms=tuple(ARMS), fresh: b
     episodes = 32 if quick else 64
     save_every = 5
     work = out_dir / "learning"
-    sft_policy = warm_start(work)
     results = {"config": CONFIG, "budget_s": budget_s, "episodes": episodes, "eval_seed": EVAL_SEED,
-               "save_interval": save_every, "sft_policy": str(sft_policy), "arms": {}}
-    sft_point = evaluate_policy_dir(sft_policy, episodes)
+               "save_interval": save_every, "sft_policy": str(warm_start(work)), "arms": {}}
+    warm = {}                                      # action head -> (SFT policy, its success point)
     for arm in arms:
+        head = _head(arm)
+        if head not in warm:
+            policy_dir = warm_start(work, head)
+            warm[head] = policy_dir, evaluate_policy_dir(policy_dir, episodes)
+        sft_policy, sft_point = warm[head]
         run_dir = work / arm
         if (run_dir / DONE).exists() and not fresh:
             print(f"[learning] {arm}: reusing the finished run in {run_dir}", flush=True)
@@ -63,22 +70,28 @@ def run(quick: bool = False, out_dir: Path = OUT_DIR, arms=tuple(ARMS), fresh: b
             train_arm(arm, sft_policy, work, budget_s, save_every)
         curve = [dict(sft_point, wall_s=0.0, env_steps=0, step=0)]
         curve += evaluate_checkpoints(run_dir, episodes, min_gap_s=budget_s / 30)
-        results["arms"][arm] = {"run_dir": str(run_dir), "curve": curve}
+        results["arms"][arm] = {"run_dir": str(run_dir), "curve": curve, "sft_policy": str(sft_policy)}
     results["summary"] = summarize(results)
     write_outputs(results, out_dir)
     return results
 
 
 # ---------------------------------------------------------------------------------------- stages
-def warm_start(work: Path) -> Path:
-    """demos + SFT under `work` with the config's own settings, made once (cached)."""
-    demos, policy = work / "demos", work / "sft_run" / "sft" / "policy"
+def _head(arm: str) -> str:
+    return next((a.split("=", 1)[1] for a in ARMS[arm] if a.startswith("policy.action_head=")), "autoregressive")
+
+
+def warm_start(work: Path, head: str = "autoregressive") -> Path:
+    """demos + SFT under `work` with the config's own settings (and action head), made once (cached)."""
+    name = "sft_run" if head == "autoregressive" else f"sft_run_{head}"
+    demos, policy = work / "demos", work / name / "sft" / "policy"
     cli = [sys.executable, "-m", "asyncvla.launch.cli"]
     if not (demos / "trajectory.h5").exists():
         subprocess.run(cli + ["collect", CONFIG, "--out", str(demos)], check=True)
     if not (policy / "policy.json").exists():
         subprocess.run(cli + ["sft", CONFIG, f"sft.data={demos}", f"logging.output_dir={work}",
-                              "logging.experiment_name=sft_run", "logging.progress=false"], check=True)
+                              f"logging.experiment_name={name}", "logging.progress=false",
+                              f"policy.action_head={head}"], check=True)
     return policy
 
 
@@ -197,7 +210,7 @@ def plot(results: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.set_ylim(0, 1)
     axes[0].legend()
-    fig.suptitle("PixelReach-v0 from one SFT warm start: async vs sync vs no off-policy correction")
+    fig.suptitle("PixelReach-v0 from SFT warm starts: async vs sync vs no off-policy correction vs parallel head")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -6,8 +6,8 @@ Runs the benchmarks below in turn (each module's docstring says what it measures
 prints ONE table of figures with the goals of issue #9 and whether each is met, and writes
 OUT/bench.json: the environment (hardware, load, versions, commit), each benchmark's wall time
 and the CPU other work took meanwhile, the figures and every raw result. A benchmark that fails
-is reported in the table and the JSON, the others still run, and the exit status is 1. Full mode takes ~75 minutes on 2
-cores, 55 of them the learning benchmark (three 15-minute training runs) and 10 the fault suite
+is reported in the table and the JSON, the others still run, and the exit status is 1. Full mode takes ~100 minutes on 2
+cores, 75 of them the learning benchmark (four 15-minute training runs) and 12 the fault suite
 (faults: every attack of the reliability issue on a real run, its table printed as it ends);
 --quick ~25. Benchmarks are not tests: nothing here asserts a timing.
 
