@@ -54,7 +54,7 @@ def run(quick: bool = False, out_dir: Path = OUT_DIR, arms=tuple(ARMS), fresh: b
     save_every = 5
     work = out_dir / "learning"
     results = {"config": CONFIG, "budget_s": budget_s, "episodes": episodes, "eval_seed": EVAL_SEED,
-               "save_interval": save_every, "sft_policy": str(warm_start(work)), "arms": {}}
+               "save_interval": save_every, "arms": {}}
     warm = {}                                      # action head -> (SFT policy, its success point)
     for arm in arms:
         head = _head(arm)
