@@ -11,7 +11,9 @@ actor keeps busy: above 1 means threads beyond the policy's, e.g. the software r
 
   pixel      the benchmark workload (PixelReach-v0, 4 envs, T = 8)
   ManiSkill  configs/quickstart.yaml (PushCube-v1 from RGB, CPU physics, software renderer) with
-             1 env per actor, in the actor's own process (2+ envs would add worker processes)
+             1 env per actor, in the actor's own process (2+ envs would add worker processes);
+             once more for one actor with policy.action_head=parallel (one pass per chunk
+             instead of one per action token), reported as the ratio of env steps/s
 
 Goal (issue #9): k actors >= 0.85 * k x one actor, up to the core count.
 
@@ -37,12 +39,16 @@ def run(quick: bool = False) -> dict:
     counts = sorted({1, cores} | {k for k in (2, 4, 8, 16, 32) if k < cores})
     duration, rounds = (8.0, 1) if quick else (12.0, 2)
     from asyncvla.common.config import load_config, to_dict
-    setups = {"pixel": to_dict(workload.config()),
-              "maniskill": to_dict(load_config(workload.MANISKILL_CONFIG, ["actor.num_envs=1"]))}
+    maniskill = ["actor.num_envs=1"]
+    setups = {"pixel": (to_dict(workload.config()), counts),
+              "maniskill": (to_dict(load_config(workload.MANISKILL_CONFIG, maniskill)), counts),
+              # what the parallel action head does to an actor's env steps/s (issue #18): one actor
+              "maniskill_parallel": (to_dict(load_config(workload.MANISKILL_CONFIG,
+                                                         maniskill + ["policy.action_head=parallel"])), [1])}
     results = {"duration_s": duration, "rounds": rounds, "counts": counts}
-    for name, cfg in setups.items():
+    for name, (cfg, ks) in setups.items():
         try:
-            runs = scaling(cfg, counts, duration, rounds)
+            runs = scaling(cfg, ks, duration, rounds)
         except Exception as e:                    # e.g. no Vulkan device for ManiSkill: keep the rest
             results[name] = {"error": f"{type(e).__name__}: {e}"}
             continue
@@ -50,7 +56,8 @@ def run(quick: bool = False) -> dict:
         for r in runs:
             r["efficiency"] = r["env_steps_per_s"] / (r["actors"] * one)
         results[name] = {"env": cfg["env"]["id"], "num_envs": cfg["actor"]["num_envs"],
-                         "rollout_length": cfg["actor"]["rollout_length"], "runs": runs}
+                         "rollout_length": cfg["actor"]["rollout_length"],
+                         "action_head": cfg["policy"]["action_head"], "runs": runs}
     return results
 
 
@@ -142,6 +149,13 @@ def figures(r: dict) -> list[Figure]:
                               ">= 85 %", at_least(run["efficiency"], 0.85),
                               note=f"{run['env_steps_per_s']:.0f} env steps/s; cores per actor "
                                    + ", ".join(f"{c:.2f}" for c in run["cores_per_actor"])))
+    par, ar = r.get("maniskill_parallel", {}), r["maniskill"]
+    if "runs" in par and "runs" in ar:
+        rate, base = par["runs"][0]["env_steps_per_s"], ar["runs"][0]["env_steps_per_s"]
+        out.append(Figure("actor scaling", "ManiSkill: 1 actor env steps/s, parallel / autoregressive head",
+                          rate / base, "x", note=f"{rate:.1f} against {base:.1f} env steps/s"))
+    elif "error" in par:
+        out.append(Figure("actor scaling", "ManiSkill, parallel head: env steps/s", None, note=par["error"][:120]))
     return out
 
 
