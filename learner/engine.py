@@ -59,9 +59,27 @@ def init_distributed(cfg: Config) -> None:
         missing = [k for k in _DIST_ENV if k not in os.environ]
         raise ConfigError(f"incomplete distributed environment: {', '.join(missing)} not set "
                           f"(set all of {', '.join(_DIST_ENV)}, or none for a single rank)")
+    skip_cpu_shm_op()
     # Idle ranks wait inside collectives while actors are slow: the time-out must outlast that.
     deepspeed.init_distributed(timeout=timedelta(minutes=cfg.learner.dist_timeout_minutes),
                                auto_mpi_discovery=False, verbose=False)
+
+
+def skip_cpu_shm_op() -> None:
+    """Keep DeepSpeed from compiling its CPU shared-memory all-reduce op when the process group starts.
+
+    On the CPU accelerator every first process group of a machine JIT-compiles that op (minutes on 2
+    cores) under a lock file in the torch extensions directory; a rank killed mid-build leaves the lock
+    behind and every later DeepSpeed process waits on it for ever. The op serves only
+    `inference_all_reduce`, which training never calls: ZeRO's collectives go through gloo. DeepSpeed
+    reads op compatibility from one cached dict, so marking the op incompatible there skips the build.
+    """
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() == "cpu":
+        builder = get_accelerator().get_op_builder("ShareMemCommBuilder")
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
 
 
 def close_distributed() -> None:

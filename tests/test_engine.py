@@ -38,6 +38,7 @@ def launch(phase: str, out: Path, world: int, timeout: float = 240) -> list[dict
     return each rank's record. A rank that fails takes the others down (as the launcher would)."""
     base = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
     base["OMP_NUM_THREADS"] = "1"
+    base["TORCH_EXTENSIONS_DIR"] = str(out / "torch_extensions")   # empty, as on a fresh machine
     port = str(_free_port())
     ranks = range(max(world, 1))
     procs = []
@@ -142,6 +143,13 @@ def test_incomplete_launcher_environment_is_refused(monkeypatch):
 
 
 # ------------------------------------------------------------------------------ two ZeRO-3 ranks
+def test_ranks_start_without_compiling_any_op(runs):
+    # DeepSpeed's CPU shm all-reduce op took minutes to compile under a lock that a killed rank leaves
+    # behind (every later start then waits on it); the ranks ran here on an empty extensions dir.
+    built = runs["out"] / "torch_extensions"
+    assert not built.exists() or not any(built.iterdir()), sorted(p.name for p in built.iterdir())
+
+
 def test_zero3_updates_match_an_unsharded_reference(runs):
     r0 = runs["train"][0]
     assert r0["partitioned"], "ZeRO-3 did not partition the parameters"

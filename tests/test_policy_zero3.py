@@ -14,6 +14,7 @@ SCRIPT = textwrap.dedent("""
     import sys, numpy as np, torch, deepspeed, torch.distributed as dist
     from asyncvla.common.config import PolicyConfig
     from asyncvla.common.policy import VLAPolicy
+    from asyncvla.learner.engine import skip_cpu_shm_op
 
     cfg = PolicyConfig(action_head=sys.argv[1])
     policy = VLAPolicy.build(cfg)
@@ -24,6 +25,7 @@ SCRIPT = textwrap.dedent("""
         ref = policy.evaluate(image, ids, mask, None, tokens)
     config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3},
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+    skip_cpu_shm_op()                   # as the learner does: no op compile on a fresh machine
     engine, *_ = deepspeed.initialize(model=policy, config=config,
                                       model_parameters=[p for p in policy.parameters() if p.requires_grad])
     vision = policy._vlm.model.vision_model.embeddings.patch_embedding.weight
