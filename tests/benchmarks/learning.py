@@ -22,13 +22,17 @@ OUT/learning.png (success vs wall time and vs env steps, with interval bands) an
 
     python -m tests.benchmarks.learning [--quick] [--out bench_results/learning.json]
     (--quick: 3-minute arms, 32 episodes; full: 15-minute arms, 64 episodes: ~75 min on 2 cores)
-An arm whose run under OUT/learning/ has finished is evaluated again but not retrained; delete
-OUT/learning/ARM (or all of OUT/learning/) to train it anew.
+Each stage under OUT/learning/ (demos, each head's warm start, each arm) is reused only when it was
+made with the same settings: the config file's bytes, the stage's command-line settings and, for an
+arm, its budget and warm start (OUT/learning/made_with/STAGE.json records them). A finished arm is
+then evaluated again but not retrained; anything else is made anew, as is everything with `fresh`.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import subprocess
 import sys
 import shutil
@@ -50,17 +54,19 @@ THRESHOLDS = (0.9, 0.8, 0.7, 0.6, 0.5)
 REPORT_AT_MIN = (0, 2, 5, 10, 15)
 EVAL_SEED = 0
 OUT_DIR = Path("bench_results")
-DONE = "arm_done"          # written in an arm's run dir when its training has ended
+MADE_WITH = "made_with"    # OUT/learning/made_with/STAGE.json: the settings a finished stage was made with
 
 
 def run(quick: bool = False, out_dir: Path = OUT_DIR, arms=tuple(ARMS), fresh: bool = False) -> dict:
-    """Train the arms not yet trained under out_dir/learning (all of them with `fresh`), evaluate."""
+    """Make the stages not yet made with these settings under out_dir/learning (all with `fresh`), evaluate."""
     budget_s = 180.0 if quick else 900.0
     episodes = 32 if quick else 64
     save_every = 5
     work = out_dir / "learning"
     results = {"config": CONFIG, "budget_s": budget_s, "episodes": episodes, "eval_seed": EVAL_SEED,
                "save_interval": save_every, "arms": {}}
+    if fresh:
+        shutil.rmtree(work / MADE_WITH, ignore_errors=True)
     warm = {}                                      # action head -> (SFT policy, its success point)
     for arm in arms:
         head = _head(arm)
@@ -69,11 +75,14 @@ def run(quick: bool = False, out_dir: Path = OUT_DIR, arms=tuple(ARMS), fresh: b
             warm[head] = policy_dir, evaluate_policy_dir(policy_dir, episodes)
         sft_policy, sft_point = warm[head]
         run_dir = work / arm
-        if (run_dir / DONE).exists() and not fresh:
+        settings = _settings(*ARMS[arm], f"budget_s={budget_s}", f"save_interval={save_every}",
+                             warm_start=_settings(*_sft_args(head)))
+        if _made_with(work, arm, settings):
             print(f"[learning] {arm}: reusing the finished run in {run_dir}", flush=True)
         else:
             print(f"[learning] {arm}: {budget_s:.0f} s of training", flush=True)
             train_arm(arm, sft_policy, work, budget_s, save_every)
+            _stamp(work, arm, settings)
         curve = [dict(sft_point, wall_s=0.0, env_steps=0, step=0)]
         curve += evaluate_checkpoints(run_dir, episodes, min_gap_s=budget_s / 30)
         results["arms"][arm] = {"run_dir": str(run_dir), "curve": curve, "sft_policy": str(sft_policy)}
@@ -92,18 +101,44 @@ def warm_start(work: Path, head: str = "autoregressive") -> Path:
     name = "sft_run" if head == "autoregressive" else f"sft_run_{head}"
     demos, policy = work / "demos", work / name / "sft" / "policy"
     cli = [sys.executable, "-m", "asyncvla.launch.cli"]
-    if not (demos / "trajectory.h5").exists():
+    new_demos = not _made_with(work, "demos", _settings())
+    if new_demos:
+        shutil.rmtree(demos, ignore_errors=True)
         subprocess.run(cli + ["collect", CONFIG, "--out", str(demos)], check=True)
-    if not (policy / "policy.json").exists():
+        _stamp(work, "demos", _settings())
+    if new_demos or not _made_with(work, name, _settings(*_sft_args(head))):
+        shutil.rmtree(work / name, ignore_errors=True)
         subprocess.run(cli + ["sft", CONFIG, f"sft.data={demos}", f"logging.output_dir={work}",
-                              f"logging.experiment_name={name}", "logging.progress=false",
-                              f"policy.action_head={head}", *WARM_START[head]], check=True)
+                              f"logging.experiment_name={name}", "logging.progress=false", *_sft_args(head)],
+                       check=True)
+        _stamp(work, name, _settings(*_sft_args(head)))
     return policy
 
 
+def _sft_args(head: str) -> list[str]:
+    return [f"policy.action_head={head}", *WARM_START[head]]
+
+
+def _settings(*args: str, **more) -> dict:
+    """What a cached stage depends on: the config file's bytes and the stage's own settings."""
+    return {"config_sha256": hashlib.sha256(Path(CONFIG).read_bytes()).hexdigest(), "args": list(args), **more}
+
+
+def _made_with(work: Path, stage: str, settings: dict) -> bool:
+    stamp = work / MADE_WITH / f"{stage}.json"
+    return stamp.exists() and json.loads(stamp.read_text()) == settings
+
+
+def _stamp(work: Path, stage: str, settings: dict) -> None:
+    """Record that `stage` finished with `settings` (written last, so an interrupted stage has none)."""
+    (work / MADE_WITH).mkdir(parents=True, exist_ok=True)
+    (work / MADE_WITH / f"{stage}.json").write_text(json.dumps(settings, indent=1))
+
+
 def train_arm(arm: str, sft_policy: Path, work: Path, budget_s: float, save_every: int) -> None:
-    """One `asyncvla train` run of `budget_s` seconds of training into work/arm (marked DONE)."""
+    """One `asyncvla train` run of `budget_s` seconds of training into work/arm (anew)."""
     run_dir = work / arm
+    (work / MADE_WITH / f"{arm}.json").unlink(missing_ok=True)
     if run_dir.exists():
         shutil.rmtree(run_dir)
     control, weights, trajectories, master = workload.free_ports(4)
@@ -117,7 +152,6 @@ def train_arm(arm: str, sft_policy: Path, work: Path, budget_s: float, save_ever
            f"checkpoint.save_interval={save_every}", "checkpoint.keep_last=100000", "eval.eval_interval=0",
            *flags]          # flags last: argparse takes no positional override after one
     subprocess.run(cmd, check=True, timeout=budget_s + 300, stdout=subprocess.DEVNULL)
-    (run_dir / DONE).write_text("")
 
 
 def evaluate_checkpoints(run_dir: Path, episodes: int, min_gap_s: float) -> list[dict]:
