@@ -150,6 +150,23 @@ def test_evaluate_reproduces_act_logprobs_and_values(either, temperature):
         assert (entropy > 0).all() and (entropy <= N * np.log(256) + 1e-3).all()
 
 
+def test_padding_columns_are_dropped_without_changing_the_outputs(either):
+    policy = either
+    image, ids, mask = observation(policy)
+    assert not mask.any(0).all(), "the instructions should leave columns that are padding in every row"
+    out = policy.act(image, ids, mask, generator=torch.Generator().manual_seed(3))
+    bins = torch.as_tensor(out.action_tokens) - policy.action_tokenizer.first_id
+    # Reference: the whole padded prompt, every column kept (the inputs as they were before the drop).
+    with torch.no_grad():
+        full = policy._prompt(torch.as_tensor(image), torch.as_tensor(ids), torch.as_tensor(mask).long(), None)
+        assert full[0].shape[1] > policy._prompt(*policy._inputs(image, ids, mask, None))[0].shape[1]
+        logp, entropy, values, _ = policy._score(full, bins, policy.temperature)
+    assert np.abs(logp.numpy() - out.logprobs).max() <= 1e-5
+    assert np.abs(values.numpy() - out.values).max() <= 1e-5
+    ev = policy.evaluate(image, ids, mask, None, out.action_tokens)
+    assert torch.allclose(ev.entropy, entropy, atol=1e-5, rtol=0)
+
+
 def test_temperature_shapes_the_distribution(policy):
     image, ids, mask = observation(policy)
     tokens = policy.act(image, ids, mask, greedy=True).action_tokens

@@ -359,6 +359,12 @@ class VLAPolicy(nn.Module):
                              "(set policy.state_dim to the env's state dim to use proprio)")
         else:
             state = None
+        # Instruction columns that are padding in every row are dropped: short instructions padded to
+        # policy.max_instruction_tokens made up ~30 % of the sequence, and a column masked in every row
+        # changes nothing (positions count only tokens, and no one attends to it), up to rounding.
+        used = mask.bool().any(0)
+        used[-1] = True                                    # keep one column, even for empty instructions
+        ids, mask = ids[:, used], mask[:, used]
         dev = self.device
         return image.to(dev), ids.to(dev, torch.long), mask.to(dev, torch.long), state
 
