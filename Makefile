@@ -12,14 +12,15 @@ PYTEST_ARGS ?=
 setup: $(STAMP)
 	@bash launch/setup_vulkan.sh $(PY)
 
-# The venv is rebuilt when the package metadata changes. torch is pinned and installed first:
-# the pin takes a local CPU build where one is provided and the matching CUDA build elsewhere;
-# an unpinned `torch` would pull a multi-GB CUDA build onto CPU machines.
-$(STAMP): setup.cfg pyproject.toml
+# The venv is rebuilt when the package metadata or the pinned versions change. torch is pinned and
+# installed first: the pin takes a local CPU build where one is provided and the matching CUDA build
+# elsewhere; an unpinned `torch` would pull a multi-GB CUDA build onto CPU machines. Everything else
+# comes at the versions in constraints.txt, the set the tests last passed with.
+$(STAMP): setup.cfg pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip "setuptools>=68" wheel
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
 	@touch $@
 
 train: setup
