@@ -106,12 +106,12 @@ def warm_start(work: Path, head: str = "autoregressive") -> Path:
         shutil.rmtree(demos, ignore_errors=True)
         subprocess.run(cli + ["collect", CONFIG, "--out", str(demos)], check=True)
         _stamp(work, "demos", _settings())
-    if new_demos or not _made_with(work, name, _settings(*_sft_args(head))):
+    sft = _sft_args(head)
+    if new_demos or not _made_with(work, name, _settings(*sft)):
         shutil.rmtree(work / name, ignore_errors=True)
         subprocess.run(cli + ["sft", CONFIG, f"sft.data={demos}", f"logging.output_dir={work}",
-                              f"logging.experiment_name={name}", "logging.progress=false", *_sft_args(head)],
-                       check=True)
-        _stamp(work, name, _settings(*_sft_args(head)))
+                              f"logging.experiment_name={name}", "logging.progress=false", *sft], check=True)
+        _stamp(work, name, _settings(*sft))
     return policy
 
 

@@ -55,10 +55,11 @@ def act_throughput(policies: dict, repeats: int) -> dict:
     """act() of each head at ACT_BATCHES, best of `repeats` calls. The heads take turns call by call,
     so a slow spell of the machine falls on both and their ratio is not an artefact of when each ran."""
     act = {head: {} for head in policies}
+    for policy in policies.values():
+        policy.eval()
     for b in ACT_BATCHES:
         calls = {}
         for head, policy in policies.items():
-            policy.eval()
             image, ids, mask = _batch(policy, b)
             gen = torch.Generator().manual_seed(0)
             calls[head] = lambda p=policy, x=(image, ids, mask), g=gen: p.act(*x, generator=g)
@@ -67,10 +68,10 @@ def act_throughput(policies: dict, repeats: int) -> dict:
         for _ in range(repeats):
             for head, call in calls.items():
                 best[head] = min(best[head], best_of(1, call))
-        k = {head: policy.cfg.num_action_chunks for head, policy in policies.items()}
         for head, sec in best.items():
+            k = policies[head].cfg.num_action_chunks
             act[head][f"batch_{b}"] = {"seconds_per_call": round(sec, 4), "actions_per_s": round(b / sec, 2),
-                                       "env_steps_per_s": round(b * k[head] / sec, 2)}
+                                       "env_steps_per_s": round(b * k / sec, 2)}
     return act
 
 
