@@ -3,8 +3,14 @@ processes over ZeroMQ, the ZeRO-3 learner, EMA publishing) must make the policy 
 than its warm start: the lower end of RL's 95 % interval above the upper end of SFT's, on the same
 fixed episodes, sampled as the actors sample. And `asyncvla pipeline` caches every stage.
 
-Not part of `make test`: in 5 runs it passed 4 times and failed once (300 s of RL: 30.1 % -> 33.2 %),
-so short RL runs on 2 cores vary too much for CI. Run it alone:
+About 3.5 minutes on 2 cores: the pixel task at 32 px with the parallel action head
+(`configs/pixel_task.yaml` is 64 px with the autoregressive head), so that a learner update takes
+~0.6 s and the actors sample a whole chunk in one pass. SFT is deterministic here: 18.8 %
+[15.6, 22.4] on 512 episodes every time. After 120 s of RL (180-199 updates), 5 runs in a row:
+42.2, 30.9, 33.0, 27.0 and 31.1 %, the lower ends 38.0, 27.0, 29.1, 23.3 and 27.2: all passed,
+but by 15.6, 4.6, 6.7, 0.9 and 4.8 points. RL's result varies by ~5 points between runs (the
+actors' timing), so the margin is too thin for CI and the check is not part of `make test`.
+Run it alone:
     .venv/bin/python -m pytest -s tests/benchmarks/learning_check.py"""
 
 import json
@@ -19,21 +25,21 @@ from tests.benchmarks.workload import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Budgets chosen from measurements (2 cores). SFT of 150-300 steps gives 28-36 % sampled success.
-# Asynchronous RL starts slowly (the critic first adapts from the demonstrator's returns to the
-# policy's): +10 points in 100 s, +14 in 170 s (which passed by only 2 points), +20 in 240 s (by
-# 7.5). It gets 300 s so that the test passes with a margin; 256 evaluation episodes keep each
-# interval within about +-6 points.
-SFT_STEPS = 200
-RL_SECONDS = 300
-EVAL_EPISODES = 256
+# Budgets chosen from measurements (2 cores). Other settings tried, each once from one 400-step
+# SFT policy (19.1 %, 256 episodes) with 120 s of RL: learner.lr=1e-3 43.0 %, value_lr=3e-3 46.1 %,
+# both 28.9 %, gamma=0.9 30.9 %, the config's 35.2 %: within the run-to-run spread. 300 SFT steps
+# (14.5 %) gained less; 600 (27.9 %) or policy.n_bins=8 (24.2 %) gained 11 and 4 points in ~100 s.
+SFT_STEPS = 400         # ~45 s; the parallel head sees the target only after ~300 steps
+RL_SECONDS = 120
+EVAL_EPISODES = 512     # each interval within about +-4 points
+SETTINGS = ["policy.image_size=32", "policy.action_head=parallel"]
 
 
 def pipeline(out: Path, timeout: float):
     control, weights, trajectories, master = free_ports(4)
     return subprocess.run(
         [sys.executable, "-m", "asyncvla.launch.cli", "pipeline", str(REPO / "configs/pixel_task.yaml"),
-         f"logging.output_dir={out}", "logging.experiment_name=learn", "logging.progress=false",
+         *SETTINGS, f"logging.output_dir={out}", "logging.experiment_name=learn", "logging.progress=false",
          f"sft.steps={SFT_STEPS}", "sft.eval_interval=0", f"sft.eval_episodes={EVAL_EPISODES}",
          f"learner.max_time_s={RL_SECONDS}", "learner.max_steps=100000", "checkpoint.save_interval=1000",
          f"transport.control_port={control}", f"transport.weights_port={weights}",
@@ -42,15 +48,15 @@ def pipeline(out: Path, timeout: float):
         env=dict(os.environ, OMP_NUM_THREADS="2"))   # the learner's threads; actors take one each
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(900)
 def test_sft_then_asynchronous_rl_beats_the_warm_start(tmp_path):
-    r = pipeline(tmp_path, timeout=900)
+    r = pipeline(tmp_path, timeout=800)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = json.loads((tmp_path / "learn" / "summary.json").read_text())
     sft, rl = summary["sft"], summary["rl"]
     print(f"SFT {sft['success_rate']:.3f} {sft['ci95']}  RL {rl['success_rate']:.3f} {rl['ci95']} "
           f"after {rl['updates']} updates")
-    assert summary["episodes"] == EVAL_EPISODES and rl["updates"] > 20
+    assert summary["episodes"] == EVAL_EPISODES and rl["updates"] > 50
     assert rl["ci95"][0] > sft["ci95"][1], summary
 
     # A second call resumes rather than repeats: every stage is cached.
