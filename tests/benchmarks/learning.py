@@ -101,17 +101,18 @@ def warm_start(work: Path, head: str = "autoregressive") -> Path:
     name = "sft_run" if head == "autoregressive" else f"sft_run_{head}"
     demos, policy = work / "demos", work / name / "sft" / "policy"
     cli = [sys.executable, "-m", "asyncvla.launch.cli"]
-    new_demos = not _made_with(work, "demos", _settings())
+    sft = _sft_args(head)
+    demos_settings, sft_settings = _settings(), _settings(*sft)     # as the stages start
+    new_demos = not _made_with(work, "demos", demos_settings)
     if new_demos:
         shutil.rmtree(demos, ignore_errors=True)
         subprocess.run(cli + ["collect", CONFIG, "--out", str(demos)], check=True)
-        _stamp(work, "demos", _settings())
-    sft = _sft_args(head)
-    if new_demos or not _made_with(work, name, _settings(*sft)):
+        _stamp(work, "demos", demos_settings)
+    if new_demos or not _made_with(work, name, sft_settings):
         shutil.rmtree(work / name, ignore_errors=True)
         subprocess.run(cli + ["sft", CONFIG, f"sft.data={demos}", f"logging.output_dir={work}",
                               f"logging.experiment_name={name}", "logging.progress=false", *sft], check=True)
-        _stamp(work, name, _settings(*sft))
+        _stamp(work, name, sft_settings)
     return policy
 
 
