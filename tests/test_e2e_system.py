@@ -128,7 +128,7 @@ class VersionWatcher:
 
 
 def test_kill9_resume_and_standalone_actors(tmp_path):
-    overrides = small_run(tmp_path, "resume", "learner.max_steps=200", "checkpoint.save_interval=2",
+    overrides = small_run(tmp_path, "resume", "learner.max_steps=1000", "checkpoint.save_interval=2",
                           "learner.rollout_ema_decay=0.5", "launch.num_local_actors=0")
     cfg = load_config(str(REPO / "configs/pixel_task.yaml"), overrides)
     run = tmp_path / "resume"
