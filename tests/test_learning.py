@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 #   but one by 0.9 points; mean 32.8 %, sd 5.7.
 # - learner.value_lr=3e-3, 5 runs: 46.1 (256 episodes), 40.6, 33.0, 36.3 and 36.7 %; mean 38.5 %,
 #   sd 4.9. The critic explains little of the returns early in RL either way (EV 0.0-0.4 with 1e-3,
-#   about 0 with 3e-3), but the faster one tracks the returns' level as the policy improves.
+#   about 0 with 3e-3); perhaps the faster one follows the returns' level as the policy improves.
 # - learner.lr=1e-3, 8 runs: 43.0, 37.7, 34.8, 38.5, 40.8, 30.1, 26.4 and 23.8 %; the last failed
 #   the check (its interval [20.3, 27.7]). Mean 34.4 % (the config's 3e-4: 32.8 %), sd 6.9 (5.7).
 # - learner.batch_trajectories=8, 3 runs: 33.2, 27.1, 29.1 %.
