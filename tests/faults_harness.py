@@ -59,7 +59,7 @@ import zmq
 from asyncvla.common import protocol as P
 from asyncvla.common.signals import descendants, process_start_time, python_module
 from asyncvla.common.trajectory_channel import ack_count
-from tests.test_e2e import free_port
+from tests.ports import run_ports
 from tests.test_e2e_system import SMALL_BACKBONE, start
 from tests.wire import header_of
 
@@ -210,11 +210,6 @@ def suite_overrides(out: Path, name: str, ports: dict, sizes: Sizes) -> list[str
             "launch.max_actor_restarts=100000", "eval.eval_interval=1000000", "eval.num_episodes=2",
             "transport.max_message_mb=8",
             *(f"{k}={v}" for k, v in ports.items())]
-
-
-def free_ports() -> dict:
-    return {"transport.control_port": free_port(), "transport.weights_port": free_port(),
-            "transport.trajectory_port": free_port(), "launch.master_port": free_port()}
 
 
 class Run:
@@ -1245,7 +1240,7 @@ def run_suite(out: Path, sizes: Sizes) -> SuiteResult:
     """Every attack, in the order of the module docstring, on one run and its resumptions."""
     t_start = _STARTED[0] = time.time()
     rng, prng = np.random.default_rng(sizes.seed), random.Random(sizes.seed)
-    name, ports = "faults", free_ports()
+    name, ports = "faults", run_ports()
     overrides = suite_overrides(out, name, ports, sizes)
     disk, no_disk = mount_small_disk(out / name / "checkpoints")
     rows: list[Row] = []

@@ -3,7 +3,6 @@ actor process over ZeroMQ; it must train, publish, log to tensorboard, checkpoin
 published policy and stop by itself."""
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,22 +10,16 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests.ports import run_port_overrides
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train_pixel_task(out_dir: Path, name: str, overrides: list[str], timeout: float):
     """`asyncvla train configs/pixel_task.yaml` into out_dir/name on free ports, without a progress bar."""
-    ports = [f"transport.control_port={free_port()}", f"transport.weights_port={free_port()}",
-             f"transport.trajectory_port={free_port()}", f"launch.master_port={free_port()}"]
     return subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "train", str(REPO / "configs/pixel_task.yaml"),
                            f"logging.output_dir={out_dir}", f"logging.experiment_name={name}",
-                           "logging.progress=false", *ports, *overrides],
+                           "logging.progress=false", *run_port_overrides(), *overrides],
                           capture_output=True, text=True, timeout=timeout)
 
 

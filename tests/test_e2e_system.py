@@ -27,7 +27,7 @@ from asyncvla.common.control import LearnerClient
 from asyncvla.common.weight_channel import WeightSubscriber
 from asyncvla.launch.train import learner_command
 from asyncvla.learner.checkpoint import read_client_state
-from tests.test_e2e import free_port
+from tests.ports import run_port_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL_BACKBONE = ["policy.backbone.text_layers=1", "policy.backbone.text_hidden_size=64",
@@ -39,8 +39,7 @@ def small_run(tmp_path, name: str, *extra: str) -> list[str]:
     return [f"logging.output_dir={tmp_path}", f"logging.experiment_name={name}", "logging.progress=false",
             "learner.batch_trajectories=4", "learner.micro_batch_size=16", "actor.num_envs=4",
             "actor.rollout_length=4", "algorithm.num_minibatches=1", *SMALL_BACKBONE,
-            f"transport.control_port={free_port()}", f"transport.weights_port={free_port()}",
-            f"transport.trajectory_port={free_port()}", f"launch.master_port={free_port()}", *extra]
+            *run_port_overrides(), *extra]
 
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:

@@ -9,7 +9,6 @@ The test model: a frozen Linear base, a low-rank adapter and a "value_head" subm
 """
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,15 +21,10 @@ from asyncvla.common.config import Config
 from asyncvla.learner import engine as ds_engine
 
 from tests import ds_worker as W
+from tests.ports import free_ports
 
 WORKER = Path(__file__).parent / "ds_worker.py"
 DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(phase: str, out: Path, world: int, timeout: float = 240) -> list[dict]:
@@ -39,7 +33,7 @@ def launch(phase: str, out: Path, world: int, timeout: float = 240) -> list[dict
     base = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
     base["OMP_NUM_THREADS"] = "1"
     base["TORCH_EXTENSIONS_DIR"] = str(out / "torch_extensions")   # empty, as on a fresh machine
-    port = str(_free_port())
+    port = str(free_ports(1)[0])
     ranks = range(max(world, 1))
     procs = []
     for r in ranks:

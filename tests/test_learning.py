@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmarks.workload import free_ports
+from tests.ports import run_port_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,14 +44,12 @@ SETTINGS = ["policy.image_size=32", "policy.action_head=parallel", "learner.valu
 
 
 def pipeline(out: Path, timeout: float):
-    control, weights, trajectories, master = free_ports(4)
     return subprocess.run(
         [sys.executable, "-m", "asyncvla.launch.cli", "pipeline", str(REPO / "configs/pixel_task.yaml"),
          *SETTINGS, f"logging.output_dir={out}", "logging.experiment_name=learn", "logging.progress=false",
          f"sft.steps={SFT_STEPS}", "sft.eval_interval=0", f"sft.eval_episodes={EVAL_EPISODES}",
          f"learner.max_time_s={RL_SECONDS}", "learner.max_steps=100000", "checkpoint.save_interval=1000",
-         f"transport.control_port={control}", f"transport.weights_port={weights}",
-         f"transport.trajectory_port={trajectories}", f"launch.master_port={master}"],
+         *run_port_overrides()],
         capture_output=True, text=True, timeout=timeout,
         env=dict(os.environ, OMP_NUM_THREADS="2"))   # the learner's threads; actors take one each
 

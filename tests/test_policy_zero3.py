@@ -3,12 +3,13 @@ group stays out of the test session), with each action head: the engine's forwar
 step trains, and the gathered trainable tensors make a plain copy produce the engine's outputs."""
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from tests.ports import free_ports
 
 SCRIPT = textwrap.dedent("""
     import sys, numpy as np, torch, deepspeed, torch.distributed as dist
@@ -56,16 +57,10 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("head", ["autoregressive", "parallel"])
 def test_policy_trains_inside_a_zero3_engine(head):
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()))
+               MASTER_PORT=str(free_ports(1)[0]))
     proc = subprocess.run([sys.executable, "-c", SCRIPT, head], env=env, capture_output=True, text=True,
                           timeout=500)
     assert proc.returncode == 0 and "ZERO3-OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -35,6 +35,7 @@ import numpy as np
 
 from tests.benchmarks import workload
 from tests.benchmarks.report import CpuMeter, Figure, at_least, at_most, main
+from tests.ports import run_port_overrides
 
 WARMUP = 3                 # updates left out of the steady-state window (start-up, queues filling)
 RUN_TIMEOUT_S = 420
@@ -64,13 +65,10 @@ def run(quick: bool = False) -> dict:
 def train_run(sync: bool, steps: int, tmp: Path, samples_per_update: int) -> dict:
     """One `asyncvla train` run; returns its steady-state figures (see the module docstring)."""
     name = "sync" if sync else "async"
-    control, weights, trajectory, master = workload.free_ports(4)
     cmd = [sys.executable, "-m", "asyncvla.launch.cli", "train", workload.CONFIG, *workload.OVERRIDES,
            f"launch.sync={str(sync).lower()}", f"learner.max_steps={steps}",
            f"logging.output_dir={tmp}", f"logging.experiment_name={name}", "logging.progress=false",
-           "checkpoint.save_interval=0", f"transport.control_port={control}",
-           f"transport.weights_port={weights}", f"transport.trajectory_port={trajectory}",
-           f"launch.master_port={master}"]
+           "checkpoint.save_interval=0", *run_port_overrides()]
     env = dict(os.environ, OMP_NUM_THREADS=str(workload.LEARNER_THREADS))
     log_path = tmp / f"{name}.log"
     started = time.time()

@@ -23,6 +23,7 @@ import numpy as np
 
 from tests.benchmarks import workload
 from tests.benchmarks.report import Figure, main
+from tests.ports import free_ports
 
 RANK_TIMEOUT_S = 300
 # The workload's batch (3 trajectories) does not split over 2 ranks: 8 trajectories x 8 steps do.
@@ -48,7 +49,7 @@ def run(quick: bool = False) -> dict:
 def run_ranks(world: int, threads: int, updates: int) -> list[dict]:
     """Spawn `world` ranks of `_rank_main`; returns each rank's record (rank order)."""
     ctx = mp.get_context("spawn")
-    port = workload.free_ports(1)[0]
+    port = free_ports(1)[0]
     pipes = [ctx.Pipe() for _ in range(world)]
     procs = [ctx.Process(target=_rank_main, args=(r, world, port, threads, updates, child))
              for r, (_, child) in enumerate(pipes)]

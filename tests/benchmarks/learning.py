@@ -40,6 +40,7 @@ from pathlib import Path
 
 from tests.benchmarks import workload
 from tests.benchmarks.report import Figure, at_most, main
+from tests.ports import run_port_overrides
 
 CONFIG = workload.CONFIG
 ARMS = {"async": [], "sync": ["--sync"], "nocorr": ["algorithm.off_policy_correction=none"],
@@ -142,12 +143,9 @@ def train_arm(arm: str, sft_policy: Path, work: Path, budget_s: float, save_ever
     (work / MADE_WITH / f"{arm}.json").unlink(missing_ok=True)
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    control, weights, trajectories, master = workload.free_ports(4)
-    ports = [f"transport.control_port={control}", f"transport.weights_port={weights}",
-             f"transport.trajectory_port={trajectories}", f"launch.master_port={master}"]
     flags = [a for a in ARMS[arm] if a.startswith("--")]
     overrides = [a for a in ARMS[arm] if not a.startswith("--")]
-    cmd = [sys.executable, "-m", "asyncvla.launch.cli", "train", CONFIG, *overrides, *ports,
+    cmd = [sys.executable, "-m", "asyncvla.launch.cli", "train", CONFIG, *overrides, *run_port_overrides(),
            f"policy.pretrained_path={sft_policy}", f"logging.output_dir={work}", f"logging.experiment_name={arm}",
            "logging.progress=false", "learner.max_steps=100000", f"learner.max_time_s={budget_s}",
            f"checkpoint.save_interval={save_every}", "checkpoint.keep_last=100000", "eval.eval_interval=0",

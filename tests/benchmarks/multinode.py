@@ -41,8 +41,8 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from tests.benchmarks import workload
 from tests.benchmarks.report import ROOT, Figure, main
+from tests.ports import free_ports
 
 NODES = ("127.0.0.2", "127.0.0.3")     # loopback aliases: every 127.x.y.z reaches lo on Linux
 STEPS, RESUMED_STEPS, SAVE_INTERVAL = 6, 9, 3
@@ -260,7 +260,7 @@ def ssh_nodes(folder: Path, hosts: tuple[str, ...], port: int):
 def _ports() -> dict:
     """Free ports; the trajectory port's successor (rank 1's) free as well."""
     for _ in range(20):
-        ssh, control, weights, trajectory, master = workload.free_ports(5)
+        ssh, control, weights, trajectory, master = free_ports(5)
         if trajectory + 1 not in (ssh, control, weights, master) and _port_free(trajectory + 1):
             break
     return {"ssh": ssh, "control": control, "weights": weights, "trajectory": trajectory, "master": master}

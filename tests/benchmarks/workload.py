@@ -10,12 +10,11 @@ policy or the task changes speed, re-balance with actor.num_envs = learner.batch
 (the sync run's phase times are in the table).
 
 Also: a real training batch (a segment from the pixel env and the policy, through the learner's
-ColumnBuffer) and free local ports for runs that must not collide with anything else on the host.
+ColumnBuffer).
 """
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
@@ -113,13 +112,3 @@ def stop(procs: list) -> None:
             p.join(5)
 
 
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on loopback (held open together so they differ)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
