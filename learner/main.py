@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from asyncvla.common import transport
+from asyncvla.common.allocator import keep_freed_buffers
 from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides, to_dict, to_yaml
 from asyncvla.common.policy import VLAPolicy
 from asyncvla.common.protocol import SegmentSpec
@@ -68,6 +69,8 @@ def run(cfg: Config) -> int:
     metrics = Metrics(str(run_dir / "tb") if rank == 0 else None, cfg.learner.max_steps,
                       cfg.logging.progress, start_step=step, env_steps=env_steps)
     auth_key = _token_key(cfg)
+    if cfg.transport.reuse_receive_buffers:
+        keep_freed_buffers()           # before the first segment: see common/allocator.py
     receiver = transport.TrajectoryReceiver(cfg.transport, rank, _segment_spec(cfg, engine.module.action_tokenizer),
                                             auth_key=auth_key)
     endpoints = _all_gather(receiver.endpoint)

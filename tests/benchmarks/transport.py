@@ -10,7 +10,11 @@ ZeroMQ's I/O threads: where encode, validation and the Python around them show),
   raw       bare pyzmq PUSH/PULL moving the segment's bytes as a hand-written pipeline would: a
             msgpack header and one zero-copy frame per array, no checks (the baseline, >= 80 %);
   raw_same  bare pyzmq moving our very frames (small arrays packed), no checks: what our
-            encode, validation and acks cost beyond the frames themselves. Weights: publish-to-available
+            encode, validation and acks cost beyond the frames themselves.
+The receiving process keeps freed memory mapped, as a learner rank does (common/allocator.py),
+for all three modes: taking up to BURST segments at a time and freeing them together, as a learner
+does, would otherwise hand their buffers back to the kernel and fault fresh pages in for the next.
+Weights: publish-to-available
 latency (publish() called -> the actor process holds the arrays from wait_newer) for ~1 MB and
 200 MB payloads, and the server's memory growth while serving 200 MB to three actor processes
 at once.
@@ -33,6 +37,7 @@ import zmq
 
 from asyncvla.common import protocol as P
 from asyncvla.common import transport
+from asyncvla.common.allocator import keep_freed_buffers
 from asyncvla.common.auth import actor_token
 from asyncvla.common.config import TransportConfig
 from asyncvla.common.protocol import Segment, SegmentSpec
@@ -48,7 +53,7 @@ TOKEN = actor_token(KEY, "bench", "")
 
 
 def run(quick: bool = False) -> dict:
-    results = {"throughput": [], "weights": []}
+    results = {"throughput": [], "weights": [], "receiver_keeps_freed_buffers": keep_freed_buffers()}
     budget = (128 if quick else 1024) << 20          # bytes per measured run
     repeats = 3 if quick else 8
     cases = [(label, _side_for(nbytes), T, B) for label, nbytes in TARGETS] + [("realistic", 128, 16, 8)]
