@@ -31,6 +31,10 @@ SERVER_KEY, SERVER_SECRET = "server.key", "server.key_secret"
 CLIENT_KEY, CLIENT_SECRET = "client.key", "client.key_secret"
 AUTHORIZED_DIR, CLIENTS_DIR = "authorized_clients", "clients"
 WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "")
+# Frames sent with copy=False below this size are copied all the same: handing a buffer to libzmq
+# without a copy costs more than copying it up to about here, since its release wakes pyzmq's
+# garbage-collector thread (pyzmq's own default is 64 KB; docs/benchmarks.md).
+COPY_BELOW = 128 << 10
 
 
 class TransportError(RuntimeError):
@@ -165,6 +169,7 @@ class Node:
         s = self.ctx.socket(kind)
         self.sockets.append(s)
         s.linger = self.tcfg.linger_ms
+        s.copy_threshold = COPY_BELOW
         s.setsockopt(zmq.MAXMSGSIZE, self.max_bytes)      # ZMQ applies it to each frame
         s.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.tcfg.reconnect_max_s * 1000))
         for name, value in options.items():
