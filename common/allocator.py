@@ -4,8 +4,8 @@ ZeroMQ's I/O thread mallocs a buffer for each frame it receives, and the rank fr
 frames when it has trained on them, several segments at once. With glibc's default (dynamic)
 thresholds, freeing several multi-MB buffers together leaves more free memory at the top of the heap
 than it keeps (twice the largest buffer freed so far), so glibc hands it back to the kernel. The
-next frame's buffer then faults in fresh zeroed pages: ~2,000 page faults, ~1 ms of I/O-thread CPU,
-for every 8 MB segment (docs/benchmarks.md). Keeping freed memory mapped lets the next frames reuse
+next frame's buffer then faults in fresh zeroed pages: hundreds of page faults per 8 MB segment and
+up to ~1 ms more CPU (docs/benchmarks.md). Keeping freed memory mapped lets the next frames reuse
 it. The price: up to `trim_threshold_mb` of freed memory stays with the process.
 """
 

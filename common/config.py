@@ -211,8 +211,8 @@ class TransportConfig:
     recv_hwm: int = opt(8, "segments queued per learner rank before actors are pushed back", ge=1)
     max_message_mb: int = opt(512, "largest accepted message (all frames), MiB", ge=1)
     reuse_receive_buffers: bool = opt(True, "learner ranks keep freed memory mapped (glibc) so ZeroMQ reuses "
-                                      "it for the next segments instead of faulting in fresh pages (~1 ms "
-                                      "per 8 MB segment); a rank may then hold up to 256 MiB it freed")
+                                      "it for the next segments instead of faulting in fresh pages (up to "
+                                      "~1 ms per 8 MB segment); a rank may then hold up to 256 MiB it freed")
     heartbeat_interval_s: float = opt(1.0, "seconds between heartbeats", gt=0.0)
     heartbeat_timeout_s: float = opt(10.0, "an actor (or the learner) silent this long is gone", gt=0.0)
     keys_dir: Optional[str] = opt(None, "CURVE keys directory made by `asyncvla keygen`; null: no "
