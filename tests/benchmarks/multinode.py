@@ -105,6 +105,9 @@ def train_run(log_path: Path, args: list[str], control: str, bundles: list[Path]
         try:
             launcher = _start(_asyncvla(*args), log, env)
             procs.append(launcher)
+            # Actors started before the learner listens retry with back-off (up to
+            # transport.reconnect_max_s, 5 s) and could join after a 3-update run has ended.
+            _wait_for_log(log_path, "actors join at", launcher, RUN_TIMEOUT_S)
             actors = [_start(_asyncvla("actor", "--learner", control, "--keys-dir", str(bundle),
                                        "--actor-id", f"node-{tag}{i}", "--join-timeout", str(RUN_TIMEOUT_S)),
                              log, env) for i, bundle in enumerate(bundles)]
@@ -130,6 +133,16 @@ def train_run(log_path: Path, args: list[str], control: str, bundles: list[Path]
               "resumed_at": _node_matches(text, r"resumed from .* at step (\d+)"),
               "log_tail": text[-4000:]}
     return record
+
+
+def _wait_for_log(path: Path, text: str, proc: subprocess.Popen, timeout: float) -> None:
+    """Until `text` appears in the log at `path` (or `proc` exits, or `timeout` passes: then the
+    run's own checks report what went wrong)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
 
 
 def check(r: dict) -> None:
