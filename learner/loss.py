@@ -1,4 +1,13 @@
-"""PPO loss on V-trace targets: clipped surrogate on π_θ/μ, value loss to v_s, entropy bonus.
+"""PPO loss on V-trace targets: a clipped surrogate, value loss to v_s, entropy bonus.
+
+Two policy objectives (`algorithm.policy_loss`):
+  behavior_clip  clip r = π_θ/μ around the behaviour policy μ that sampled the data.
+  decoupled      clip r = π_θ/π_prox around the proximal policy π_prox, the learner's weights at
+                 the start of the update (the log-probs `compute_targets` already computes), and
+                 weight each element by w = π_prox/μ; elements with w > behave_weight_threshold
+                 are masked out (AReaL's decoupled PPO; RLinf's `decoupled_actor_critic`).
+With stale data μ lags π_θ by a version or more, so r = π_θ/μ starts each update away from 1 and
+behavior_clip cuts the step short; decoupled clips only how far this update moves.
 
 Shapes. `advantages`, `values`, `old_values`, `value_targets` and `rhos` share one shape S
 ([T, B], or flattened [n]). `new_logp`/`behavior_logp` are S (one log-prob per policy step) or
@@ -18,6 +27,7 @@ import torch.nn.functional as F
 # Log-ratios beyond ±20 (ratio ≈ 5e8) carry no useful signal; clamping keeps exp() finite so a
 # clipped-away inf cannot turn into a NaN gradient (inf·0).
 _MAX_LOG_RATIO = 20.0
+POLICY_LOSSES = ("behavior_clip", "decoupled")
 
 
 def ppo_loss(new_logp: torch.Tensor, behavior_logp: torch.Tensor, advantages: torch.Tensor,
@@ -27,7 +37,9 @@ def ppo_loss(new_logp: torch.Tensor, behavior_logp: torch.Tensor, advantages: to
              entropy_bonus: float = 0.0, value_loss_coef: float = 0.5, value_loss_type: str = "mse",
              huber_delta: float = 1.0, value_clip: Optional[float] = None,
              normalize_advantages: bool = True, advantage_scale: float = 1.0,
-             advantage_stats: Optional[Tuple[float, float]] = None) -> tuple[torch.Tensor, dict]:
+             advantage_stats: Optional[Tuple[float, float]] = None, policy_loss_type: str = "behavior_clip",
+             prox_logp: Optional[torch.Tensor] = None,
+             behave_weight_threshold: float = 2.0) -> tuple[torch.Tensor, dict]:
     """Total loss = policy_loss + value_loss_coef·value_loss − entropy_bonus·mean(entropy).
 
     new_logp, values, entropy: from π_θ (with gradient). behavior_logp: log μ of the actor.
@@ -39,14 +51,23 @@ def ppo_loss(new_logp: torch.Tensor, behavior_logp: torch.Tensor, advantages: to
     action cannot blow up the loss. Advantages are first normalised (mean 0, std 1 over the
     elements passed in, or with `advantage_stats` = (mean, std) of a larger batch when the loss
     is called per micro batch), then multiplied by advantage_scale.
+    Decoupled (policy_loss_type="decoupled", prox_logp = log π_prox, same shape as new_logp): the
+    ratio is r = π_θ/π_prox, and each element's clipped term is multiplied by the behaviour weight
+    w = π_prox/μ, or by 0 where w > behave_weight_threshold (masked, not truncated: an element whose
+    probability moved that far since it was sampled says little about π_θ, and a truncated weight
+    would still push on it). The loss stays the mean over all elements.
     Value: 0.5·(V − v_s)² ("mse") or Huber with huber_delta (equal to mse for |V − v_s| ≤ delta).
     With value_clip, as in PPO2: max(loss(V), loss(V_old + clip(V − V_old, ±value_clip))).
     Returns (loss, stats) with the stats as python floats.
     """
     _check_loss_args(ratio_clip_eps, clip_ratio_c, value_loss_type, huber_delta, value_clip,
-                     advantage_scale)
+                     advantage_scale, policy_loss_type, behave_weight_threshold)
     _check_loss_shapes(new_logp, behavior_logp, advantages, values, old_values, value_targets, entropy,
                        rhos)
+    decoupled = policy_loss_type == "decoupled"
+    if decoupled and (prox_logp is None or prox_logp.shape != new_logp.shape):
+        raise ValueError(f"ppo_loss: the decoupled loss needs prox_logp shaped like new_logp "
+                         f"{tuple(new_logp.shape)}, got {None if prox_logp is None else tuple(prox_logp.shape)}")
 
     adv = advantages.detach()
     if normalize_advantages:
@@ -56,11 +77,17 @@ def ppo_loss(new_logp: torch.Tensor, behavior_logp: torch.Tensor, advantages: to
     if new_logp.dim() == adv.dim() + 1:
         adv = adv.unsqueeze(-1)           # one advantage per policy step, shared by its M parts
 
-    log_ratio = (new_logp - behavior_logp.detach()).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    anchor = prox_logp.detach() if decoupled else behavior_logp.detach()
+    log_ratio = (new_logp - anchor).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
     pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - ratio_clip_eps, 1.0 + ratio_clip_eps))
     if clip_ratio_c is not None:
         pg = torch.where(adv < 0, torch.minimum(pg, -clip_ratio_c * adv), pg)
+    if decoupled:
+        log_w = (prox_logp.detach() - behavior_logp.detach()).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+        w = torch.exp(log_w)
+        kept = w <= behave_weight_threshold
+        pg = torch.where(kept, w * pg, torch.zeros_like(pg))
     policy_loss = pg.mean()
 
     value_loss = _value_loss(values, old_values.detach(), value_targets.detach(), value_loss_type,
@@ -85,6 +112,9 @@ def ppo_loss(new_logp: torch.Tensor, behavior_logp: torch.Tensor, advantages: to
             "explained_variance": (1.0 - (vt - values.detach().double()).var(unbiased=False) / var_vs).item()
             if var_vs > 0 else math.nan,
         }
+        if decoupled:    # how far the data's behaviour policy is from π_prox, and what was masked
+            stats["behav_approx_kl"] = ((w - 1) - log_w).mean().item()
+            stats["behav_clip_fraction"] = (~kept).float().mean().item()
     return loss, stats
 
 
@@ -94,7 +124,8 @@ def ppo_loss_from_config(alg, **tensors) -> tuple[torch.Tensor, dict]:
                     clip_ratio_c=alg.clip_ratio_c, entropy_bonus=alg.entropy_bonus,
                     value_loss_coef=alg.value_loss_coef, value_loss_type=alg.value_loss_type,
                     huber_delta=alg.huber_delta, value_clip=alg.value_clip,
-                    normalize_advantages=alg.normalize_advantages, advantage_scale=alg.advantage_scale)
+                    normalize_advantages=alg.normalize_advantages, advantage_scale=alg.advantage_scale,
+                    policy_loss_type=alg.policy_loss, behave_weight_threshold=alg.behave_weight_threshold)
 
 
 def _value_loss(values, old_values, targets, kind, huber_delta, value_clip) -> torch.Tensor:
@@ -111,7 +142,11 @@ def _value_loss(values, old_values, targets, kind, huber_delta, value_clip) -> t
 
 
 def _check_loss_args(ratio_clip_eps, clip_ratio_c, value_loss_type, huber_delta, value_clip,
-                     advantage_scale) -> None:
+                     advantage_scale, policy_loss_type, behave_weight_threshold) -> None:
+    if policy_loss_type not in POLICY_LOSSES:
+        raise ValueError(f"ppo_loss: policy_loss_type={policy_loss_type!r}; allowed: {', '.join(POLICY_LOSSES)}")
+    if not behave_weight_threshold > 1:
+        raise ValueError(f"ppo_loss: behave_weight_threshold={behave_weight_threshold} must be > 1")
     if not ratio_clip_eps > 0:
         raise ValueError(f"ppo_loss: ratio_clip_eps={ratio_clip_eps} must be > 0")
     if clip_ratio_c is not None and not clip_ratio_c > 1:

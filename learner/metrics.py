@@ -31,7 +31,8 @@ GROUPS = {
     "policy_loss": "train/actor", "entropy": "train/actor", "approx_kl": "train/actor",
     "clip_fraction": "train/actor", "ratio_mean": "train/actor", "ratio_max": "train/actor",
     "rho_mean": "train/actor", "rho_clipped_fraction": "train/actor", "grad_norm": "train/actor",
-    "lr": "train/actor", "value_loss": "train/critic", "explained_variance": "train/critic",
+    "lr": "train/actor", "behav_approx_kl": "train/actor", "behav_clip_fraction": "train/actor",
+    "value_loss": "train/critic", "explained_variance": "train/critic",
 }
 
 # How a scalar combines over ranks: summed counts, maxima; everything else is the ranks' mean.

@@ -86,7 +86,7 @@ def compute_targets(engine, batch: Batch, cfg: Config, device) -> dict:
     vt = vtrace(behavior_logp=behavior, target_logp=target_logp if corrected else behavior, rewards=rewards,
                 values=v_all[:-1], bootstrap_value=v_all[-1], discounts=discounts,
                 rho_bar=cfg.algorithm.rho_bar, c_bar=cfg.algorithm.c_bar, lam=cfg.algorithm.vtrace_lambda)
-    return {"behavior_logp": behavior, "old_values": v_all[:-1], "vs": vt.vs,
+    return {"behavior_logp": behavior, "prox_logp": target_logp, "old_values": v_all[:-1], "vs": vt.vs,
             "advantages": vt.pg_advantages, "rhos": vt.rhos,
             "stats": {"rollout/reward_mean": float(rewards.mean()),
                       "rollout/value_mean": float(v_all.mean())}}
@@ -101,7 +101,7 @@ def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device, seed: i
     obs = {k: _flat(a[k][:T]) for k in OBS_FIELDS if k in a}
     tokens = _flat(a["action_tokens"])
     flat = {k: targets[k].reshape(T * N, *targets[k].shape[2:])
-            for k in ("behavior_logp", "old_values", "vs", "advantages", "rhos")}
+            for k in ("behavior_logp", "prox_logp", "old_values", "vs", "advantages", "rhos")}
     alg = cfg.algorithm
     sums, count, ratio_max = defaultdict(float), 0, 0.0
     gen = torch.Generator().manual_seed(seed)
@@ -119,6 +119,7 @@ def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device, seed: i
                 t_idx = torch.from_numpy(idx).to(device)
                 loss, stats = ppo_loss_from_config(
                     alg, new_logp=out.logprobs.float(), behavior_logp=flat["behavior_logp"][t_idx],
+                    prox_logp=flat["prox_logp"][t_idx],
                     advantages=flat["advantages"][t_idx], values=out.values.float(),
                     old_values=flat["old_values"][t_idx], value_targets=flat["vs"][t_idx],
                     entropy=out.entropy.float(), rhos=flat["rhos"][t_idx], advantage_stats=adv_stats)

@@ -184,3 +184,91 @@ def test_errors_name_the_argument_and_what_is_allowed():
         ppo_loss(**dict(x, rhos=t(1.0, 1.0)))
     with pytest.raises(ValueError, match="log-probs"):
         ppo_loss(**dict(x, new_logp=torch.zeros(2, 3, dtype=F64), behavior_logp=torch.zeros(2, 3, dtype=F64)))
+
+
+# ------------------------------------------------------------------------------ decoupled PPO
+def naive_decoupled_policy_loss(new_logp, prox_logp, behavior_logp, adv, eps, threshold, c=None):
+    """Decoupled PPO one element at a time: w·max(−A·r, −A·clip(r)) with r = π/π_prox and
+    w = π_prox/μ, or 0 where w > threshold; dual clip on −A·c for A < 0; mean over all elements."""
+    total, masked, n = 0.0, 0, 0
+    for lp, prox, mu, a in zip(new_logp.flatten().tolist(), prox_logp.flatten().tolist(),
+                               behavior_logp.flatten().tolist(), adv.flatten().tolist()):
+        r, w = math.exp(lp - prox), math.exp(prox - mu)
+        term = max(-a * r, -a * min(max(r, 1 - eps), 1 + eps))
+        if c is not None and a < 0:
+            term = min(term, -c * a)
+        if w > threshold:
+            masked += 1
+        else:
+            total += w * term
+        n += 1
+    return total / n, masked / n
+
+
+@pytest.mark.parametrize("clip_ratio_c", [None, 3.0])
+def test_decoupled_loss_matches_a_naive_per_element_loop(clip_ratio_c):
+    g = torch.Generator().manual_seed(0)
+    S, M = (6, 5), 4                                     # [T, B] policy steps, M token log-probs each
+    behavior = -torch.rand(*S, M, generator=g, dtype=F64) * 3
+    prox = behavior + torch.randn(*S, M, generator=g, dtype=F64) * 0.6     # some w above 2
+    new = prox + torch.randn(*S, M, generator=g, dtype=F64) * 0.3
+    adv = torch.randn(*S, generator=g, dtype=F64)
+    n = adv.shape
+    loss, stats = ppo_loss(new_logp=new, behavior_logp=behavior, prox_logp=prox, advantages=adv,
+                           values=torch.zeros(n, dtype=F64), old_values=torch.zeros(n, dtype=F64),
+                           value_targets=torch.zeros(n, dtype=F64), entropy=torch.zeros(n, dtype=F64),
+                           rhos=torch.ones(n, dtype=F64), value_loss_coef=0.0, normalize_advantages=False,
+                           policy_loss_type="decoupled", behave_weight_threshold=2.0, ratio_clip_eps=0.2,
+                           clip_ratio_c=clip_ratio_c)
+    expected, masked = naive_decoupled_policy_loss(new, prox, behavior, adv.unsqueeze(-1).expand(*S, M),
+                                                   0.2, 2.0, clip_ratio_c)
+    assert 0 < masked < 0.5                              # the case exercises the mask
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert stats["behav_clip_fraction"] == pytest.approx(masked)
+    w = (prox - behavior).exp()
+    assert stats["behav_approx_kl"] == pytest.approx(((w - 1) - w.log()).mean().item())
+    assert stats["approx_kl"] > 0 and stats["approx_kl"] < stats["behav_approx_kl"]
+
+
+def test_decoupled_clips_around_the_proximal_policy_not_the_behaviour_one():
+    # Data one version old: μ = 1, π_prox = π_θ at the update's start = 1.3 (w = 1.3, kept).
+    # behavior_clip: r = 1.3 > 1 + ε with A > 0 — clipped, no gradient from the first step on.
+    # decoupled: r = π_θ/π_prox = 1 — inside the region, gradient −A·w·r per element.
+    adv = t(1.0, 1.0)
+    new = t(math.log(1.3), math.log(1.3)).requires_grad_()
+    loss, _ = policy_only(new, adv, ratio_clip_eps=0.2)
+    loss.backward()
+    assert torch.all(new.grad == 0)
+    new.grad = None
+    prox = t(math.log(1.3), math.log(3.0))                 # the second element: w = 3 > 2, masked
+    loss, stats = policy_only(new, adv, ratio_clip_eps=0.2, policy_loss_type="decoupled", prox_logp=prox,
+                              behave_weight_threshold=2.0)
+    loss.backward()
+    assert torch.allclose(new.grad, t(-1.3, 0.0) / 2, atol=1e-12)
+    assert stats["behav_clip_fraction"] == 0.5
+
+
+def test_decoupled_loss_refuses_missing_or_misshapen_proximal_log_probs():
+    adv = t(1.0, -1.0)
+    with pytest.raises(ValueError, match="prox_logp"):
+        policy_only(t(0.0, 0.0), adv, policy_loss_type="decoupled")
+    with pytest.raises(ValueError, match="prox_logp"):
+        policy_only(t(0.0, 0.0), adv, policy_loss_type="decoupled", prox_logp=t(0.0))
+    with pytest.raises(ValueError, match="policy_loss_type"):
+        policy_only(t(0.0, 0.0), adv, policy_loss_type="ppo")
+    with pytest.raises(ValueError, match="behave_weight_threshold"):
+        policy_only(t(0.0, 0.0), adv, policy_loss_type="decoupled", prox_logp=t(0.0, 0.0),
+                    behave_weight_threshold=1.0)
+
+
+def test_decoupled_loss_from_config_uses_the_algorithm_keys():
+    alg = AlgorithmConfig(policy_loss="decoupled", behave_weight_threshold=1.5, normalize_advantages=False,
+                          value_loss_coef=0.0)
+    n = (3,)
+    prox = t(0.0, 0.3, 0.6)                                # w = 1, 1.35, 1.82: the last masked at 1.5
+    _, stats = ppo_loss_from_config(alg, new_logp=prox.clone(), behavior_logp=torch.zeros(n, dtype=F64),
+                                    prox_logp=prox, advantages=t(1.0, 1.0, 1.0), values=torch.zeros(n, dtype=F64),
+                                    old_values=torch.zeros(n, dtype=F64), value_targets=torch.zeros(n, dtype=F64),
+                                    entropy=torch.zeros(n, dtype=F64), rhos=torch.ones(n, dtype=F64))
+    assert stats["behav_clip_fraction"] == pytest.approx(1 / 3)
+    assert stats["policy_loss"] == pytest.approx(-(1.0 + math.exp(0.3)) / 3)
