@@ -20,8 +20,9 @@ import torch
 
 from asyncvla.actors import rollout
 from asyncvla.actors.envs import make_env
+from asyncvla.actors.envs.latency import SimLatency
 from asyncvla.actors.join import join
-from asyncvla.common import transport
+from asyncvla.common import placement, transport
 from asyncvla.common.config import TransportConfig
 from asyncvla.common.signals import stop_on_signals
 from asyncvla.common.sockets import printable
@@ -35,6 +36,11 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
     """Join the learner at `learner` (its control endpoint) and act until it finishes. Without a
     welcome within `join_timeout` seconds (None: keep trying) raises TransportError."""
     actor_id = actor_id or f"{socket.gethostname()}-{os.getpid()}"
+    # A local actor of `asyncvla train` gets its cores (launch.placement.actors); pinned before it
+    # joins, so that the policy loads and the envs start on them.
+    cores = placement.cores_from_env()
+    if cores is not None:
+        placement.apply(cores, threads=False)
     stop = stop_on_signals()
     joined = join(learner, actor_id, tcfg or TransportConfig(), stop, num_envs, device, timeout=join_timeout)
     if joined is None:
@@ -49,6 +55,8 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
     env = make_env(cfg.env, cfg.actor.num_envs, cfg.policy.image_size, cfg.policy.num_action_chunks,
                    cfg.algorithm.reward_type, seed=seed,
                    action_dim=cfg.policy.action_dim)
+    if cfg.env.sim_latency_ms > 0:
+        env = SimLatency(env, cfg.env.sim_latency_ms)
     generator = torch.Generator(device=cfg.actor.device).manual_seed(cfg.actor.seed + seed)
     tokenize = rollout.InstructionCache(policy)
     # The learner's plan for this actor (learner/ingest.py rollout_plan): its share of an update,

@@ -58,6 +58,10 @@ class EnvConfig:
     ignore_terminations: bool = opt(False, "never end an episode on success/failure, only on the time limit")
     seed: int = opt(0, "base seed; actor a seeds its envs with seed + 1000*a, and the k-th episode "
                     "of its env i starts from a seed derived from (that seed, i, k)", ge=0)
+    sim_latency_ms: float = opt(0.0, "a modelled simulator on other hardware: each env step of an actor's "
+                                "env batch takes at least this many ms of wall time, slept without holding a "
+                                "core (actors only; see actors/envs/latency.py). 0: the env's own speed",
+                                ge=0.0)
     use_fixed_reset_state_ids: bool = opt(False, "reset to a fixed sequence of initial states: every "
                                           "reset() starts the sequence over (reproducible evaluation)")
 
@@ -178,7 +182,15 @@ class AlgorithmConfig:
                                      choices=["vtrace", "none"])
     rho_bar: float = opt(1.0, "V-trace clip of importance weights in targets/advantages", gt=0.0)
     c_bar: float = opt(1.0, "V-trace clip of the traces", gt=0.0)
-    ratio_clip_eps: float = opt(0.2, "PPO clip epsilon of the ratio pi/mu", gt=0.0)
+    policy_loss: str = opt("behavior_clip", "PPO objective: behavior_clip clips pi/mu around the behaviour "
+                           "policy mu; decoupled clips pi/pi_prox around the learner's weights at the "
+                           "update's start and weights each element by pi_prox/mu (masked above "
+                           "behave_weight_threshold), so stale data does not cut the step short",
+                           choices=["behavior_clip", "decoupled"])
+    behave_weight_threshold: float = opt(2.0, "decoupled loss: elements whose behaviour weight pi_prox/mu "
+                                         "exceeds this are masked out", gt=1.0)
+    ratio_clip_eps: float = opt(0.2, "PPO clip epsilon of the ratio (pi/mu, or pi/pi_prox when decoupled)",
+                                gt=0.0)
     clip_ratio_c: Optional[float] = opt(None, "dual-clip constant c (> 1) for negative advantages; "
                                         "null disables", gt=1.0)
     entropy_bonus: float = opt(0.0, "entropy coefficient", ge=0.0)
@@ -296,6 +308,19 @@ class SFTConfig:
 
 # ------------------------------------------------------------------------------------ launch
 @dataclass
+class PlacementConfig:
+    """Which CPU cores each kind of process may use (common/placement.py), as RLinf's
+    cluster.component_placement. A spec is `all`, a core (3), a range (0-3) or a comma list of
+    them (0-1,4,6-7), numbered as this machine's cores (os.sched_getaffinity)."""
+    learner: str = opt("all", "cores of the learner ranks on each machine: rank r is pinned to the r-th "
+                       "of even, disjoint slices (all of them when there are fewer cores than ranks) and "
+                       "runs as many torch threads as it has cores; all: not pinned (shares the machine)")
+    actors: str = opt("all", "cores of the local actor processes of `asyncvla train`: each actor may use "
+                      "all of them (one torch thread each); must not overlap launch.placement.learner "
+                      "unless one is all; all: not pinned")
+
+
+@dataclass
 class LaunchConfig:
     num_learner_ranks: int = opt(1, "learner processes on this machine (deepspeed --num_gpus)", ge=1)
     hostfile: Optional[str] = opt(None, "deepspeed hostfile for multi-node learners")
@@ -305,6 +330,7 @@ class LaunchConfig:
     sync: bool = opt(False, "serialise rollout and training (actors wait for new weights before each "
                      "segment): the synchronous baseline")
     master_port: int = opt(29500, "torch.distributed rendezvous port", ge=1, le=65535)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
 
 
 @dataclass
@@ -365,12 +391,16 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
     return config
 
 
-def validate(config: Config) -> None:
-    """Range and choice checks declared on the fields, plus checks across sections."""
+def validate(config: Config, on_this_machine: bool = True) -> None:
+    """Range and choice checks declared on the fields, plus checks across sections; with
+    `on_this_machine`, also that launch.placement names cores this machine has (not for a config
+    received from another machine, which names that machine's cores)."""
     problems = []
     for key, value, meta in _walk(config):
         problems += _check_field(key, value, meta)
     problems += _check_action_range(config.policy)
+    if on_this_machine:
+        problems += _check_placement(config.launch)
     if problems:
         raise ConfigError("\n".join(problems))
 
@@ -385,6 +415,16 @@ def _check_action_range(p: "PolicyConfig") -> list[str]:
     if len(low) != len(high) or not all(lo < hi for lo, hi in zip(low, high)):
         return [f"policy.action_low={low} and policy.action_high={high} must have the same length and "
                 "low < high in every dimension"]
+    return []
+
+
+def _check_placement(launch: "LaunchConfig") -> list[str]:
+    from asyncvla.common import placement     # (here: placement.py imports ConfigError from this module)
+    try:
+        placement.plan(launch.placement, launch.num_learner_ranks, launch.num_local_actors,
+                       placement.available_cores())
+    except ConfigError as e:
+        return [str(e)]
     return []
 
 
@@ -462,7 +502,7 @@ def from_dict(data: dict) -> Config:
     except OmegaConfBaseException as e:
         raise ConfigError(_explain(e, "received config")) from None
     config: Config = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    validate(config)
+    validate(config, on_this_machine=False)    # (an actor's welcome, a checkpoint: another machine's cores)
     return config
 
 

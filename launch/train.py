@@ -5,6 +5,8 @@ Wiring only: it resolves the config once, starts
 and `launch.num_local_actors` actor processes that join the learner over ZeroMQ (plus, with
 `eval.eval_interval`, an evaluator process: actors/evaluator.py), restarts an
 actor that crashes (up to launch.max_actor_restarts), and when the learner ends stops every child.
+With launch.placement (common/placement.py) the learner ranks and the actors run on the cores it
+names: each rank pins itself to its slice, each actor to the cores given in $ASYNCVLA_CORES.
 
 Stopping: Ctrl-C (SIGINT) or SIGTERM asks the learner ranks to stop — SIGTERM to each rank
 directly, because the deepspeed runner dies on it at once and would take the ranks with it. They
@@ -28,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from asyncvla.common import placement
 from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides, to_yaml
 from asyncvla.common.rundir import run_dir as run_dir_of_config
 from asyncvla.common.signals import LAUNCHER_PID_ENV, descendants, die_with_parent, python_module
@@ -78,11 +81,19 @@ def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
     resolved.write_text(to_yaml(cfg))
     children = Children()
     stop = StopRequests()
+    # (each learner rank pins itself to its slice: learner/main.py; an actor applies what it is given)
+    cores = placement.available_cores()
+    plan = placement.plan(cfg.launch.placement, cfg.launch.num_learner_ranks, cfg.launch.num_local_actors, cores)
+    print(f"asyncvla: {placement.summary(plan, cores)}", flush=True)
     learner = children.start("learner", learner_command(cfg, resolved))
     control = f"tcp://{_connect_host(cfg)}:{cfg.transport.control_port}"
     keys = cfg.transport.keys_dir
-    actors = {i: children.start(f"actor-{i}", actor_command(control, i, keys))
-              for i in range(cfg.launch.num_local_actors)}
+
+    def start_actor(i: int) -> subprocess.Popen:
+        env = {placement.CORES_ENV: ",".join(map(str, plan.actors[i]))} if plan.pin_actors else {}
+        return children.start(f"actor-{i}", actor_command(control, i, keys), env)
+
+    actors = {i: start_actor(i) for i in range(cfg.launch.num_local_actors)}
     restarts = {i: 0 for i in actors}
     evaluator = None
     if cfg.eval.eval_interval:
@@ -99,7 +110,7 @@ def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
                     restarts[i] += 1
                     print(f"asyncvla: actor {i} exited with {code}; restart {restarts[i]}/"
                           f"{cfg.launch.max_actor_restarts}", file=sys.stderr, flush=True)
-                    actors[i] = children.start(f"actor-{i}", actor_command(control, i, keys))
+                    actors[i] = start_actor(i)
                     continue
                 del actors[i]
                 if code != 0:
@@ -200,9 +211,9 @@ class Children:
     def __init__(self):
         self.procs: list[tuple[str, subprocess.Popen]] = []
 
-    def start(self, name: str, cmd: list[str]) -> subprocess.Popen:
+    def start(self, name: str, cmd: list[str], extra_env: dict | None = None) -> subprocess.Popen:
         me = os.getpid()
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **{LAUNCHER_PID_ENV: str(me)})
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{LAUNCHER_PID_ENV: str(me)}, **(extra_env or {}))
         proc = subprocess.Popen(cmd, start_new_session=True, env=env, preexec_fn=lambda: die_with_parent(me))
         self.procs.append((name, proc))
         return proc

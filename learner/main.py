@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from asyncvla.common import transport
+from asyncvla.common import placement, transport
 from asyncvla.common.allocator import keep_freed_buffers
 from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides, to_dict, to_yaml
 from asyncvla.common.policy import VLAPolicy
@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         raise SystemExit(f"asyncvla learner: config error: {e}")
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s learner %(levelname)s %(message)s")
+    _pin_to_cores(cfg)
     return run(cfg)
 
 
@@ -120,6 +121,18 @@ def run(cfg: Config) -> int:
 
 
 # ----------------------------------------------------------------------------------- set-up
+def _pin_to_cores(cfg: Config) -> None:
+    """Pin this rank to its slice of launch.placement.learner (nothing with `all`). The deepspeed
+    launcher tells a rank its place among the ranks of its machine: LOCAL_RANK of LOCAL_SIZE."""
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_ranks = int(os.environ.get("LOCAL_SIZE", cfg.launch.num_learner_ranks))
+    plan = placement.plan(cfg.launch.placement, local_ranks, cfg.launch.num_local_actors,
+                          placement.available_cores())
+    if plan.pin_learner:
+        placement.apply(plan.learner[local_rank])
+        log.info("local rank %d pinned to cores %s", local_rank, placement.compact(plan.learner[local_rank]))
+
+
 def _resume_point(cfg: Config):
     """The checkpoint to resume from (checkpoint.resume names a run, its checkpoints or one), or None."""
     if not cfg.checkpoint.resume:

@@ -194,3 +194,20 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="action_dim"):
         pixel_env(action_dim=1)
     env.close()
+
+
+def test_sim_latency_makes_each_chunk_take_k_modelled_steps_and_changes_nothing_else():
+    import time
+    from asyncvla.actors.envs.latency import SimLatency
+    plain, slow = pixel_env(num_envs=2, seed=3), SimLatency(pixel_env(num_envs=2, seed=3), latency_ms=20.0)
+    a, b = plain.reset(), slow.reset()
+    assert np.array_equal(a["image"], b["image"]) and slow.num_envs == 2 and slow.instructions == plain.instructions
+    actions = random_actions(np.random.default_rng(0), plain)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        s_plain, s_slow = plain.step_chunk(actions), slow.step_chunk(actions)
+        assert np.array_equal(s_plain.reward, s_slow.reward)
+        assert np.array_equal(s_plain.obs["image"], s_slow.obs["image"])
+    assert time.perf_counter() - t0 >= 3 * 4 * 0.020            # K = 4 steps of 20 ms, three chunks
+    with pytest.raises(ValueError, match="must be >= 0"):
+        SimLatency(plain, latency_ms=-1.0)
