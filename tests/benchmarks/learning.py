@@ -1,31 +1,44 @@
-"""Learning speed: success against wall time and env steps, asynchronous vs synchronous vs no correction.
+"""Learning speed over seeds: time and env steps to a success rate, asynchronous vs synchronous.
 
 What users buy is reaching a success rate sooner, so this is the product's headline benchmark.
 From ONE warm start (the pixel task's demos + SFT, made once with `asyncvla collect` and
-`asyncvla sft` and cached under OUT/learning/), three arms of
-`asyncvla train configs/pixel_task.yaml policy.pretrained_path=SFT` get the same wall-clock budget
-(learner.max_time_s):
-    async    the system as shipped
-    sync     --sync: rollout and training in series (today's synchronous VLA-RL loop)
-    nocorr   asynchronous, algorithm.off_policy_correction=none (no V-trace: stale data as on-policy)
-    parallel asynchronous with policy.action_head=parallel, from its own warm start (the head is
-             part of the model, so SFT runs again with it; its time-0 point is that SFT policy)
-Each arm checkpoints every few updates. Afterwards the published (EMA) weights of every
-checkpoint — what the actors were running — are evaluated on the same fixed initial states,
-sampled as actors sample, with Wilson 95 % intervals, and placed at the wall time of its save
-(from the launcher's start: start-up counts) and at the env steps the learner had consumed.
-The SFT policy itself is the point at time 0.
+`asyncvla sft` and cached under OUT/learning/), each arm runs
+`asyncvla train configs/pixel_task.yaml policy.pretrained_path=SFT` once per seed (env.seed and
+actor.seed), for a fixed wall-clock budget (learner.max_time_s):
+    sync             --sync: rollout and training in series (today's synchronous VLA-RL loop)
+    async            asynchronous, V-trace + PPO clipped around the behaviour policy (the default loss)
+    async_decoupled  asynchronous, V-trace + decoupled PPO (algorithm.policy_loss=decoupled)
+    async_nocorr     asynchronous, no off-policy correction (stale data treated as on-policy)
+Seeds run in turn, every arm within a seed, so that drift in the machine's load falls on all arms.
 
-Prints a table (success at fixed times; time and env steps to the highest threshold every arm
-reaches; async/sync time ratio, goal <= 0.6), writes OUT/learning.csv (one row per evaluation),
-OUT/learning.png (success vs wall time and vs env steps, with interval bands) and the JSON.
+Two cost profiles (--profile):
+    model   a MODEL of seed 002's cost profile (OpenVLA-OFT on ManiSkill: 38.8 s of rollout
+            against 32.3 s of training per PPO step). A short plain sync run measures this
+            machine's training and rollout time per update, and env.sim_latency_ms is set so that
+            rollout takes 38.8/32.3 of training: the envs then wait as if a simulator ran on other
+            hardware, holding no core. It models where the time goes, not a GPU simulator's
+            physics, noise or memory; the modelled sync runs' measured ratio is reported.
+    plain   the pixel task at its own speed on this machine (rollout ~1/4 of training on 2 cores,
+            so the overlap can win at most ~1.2x here).
 
-    python -m tests.benchmarks.learning [--quick] [--out bench_results/learning.json]
-    (--quick: 3-minute arms, 32 episodes; full: 15-minute arms, 64 episodes: ~75 min on 2 cores)
-Each stage under OUT/learning/ (demos, each head's warm start, each arm) is reused only when it was
-made with the same settings: the config file's bytes, the stage's command-line settings and, for an
-arm, its budget and warm start (OUT/learning/made_with/STAGE.json records them). A finished arm is
-then evaluated again but not retrained; anything else is made anew, as is everything with `fresh`.
+Each arm checkpoints every few updates; afterwards the published (EMA) weights of checkpoints at
+least EVAL_GAP_S apart — what the actors were running — are evaluated on the same fixed initial
+states (sampled as actors sample), placed at the wall time of their save (from the launcher's
+start: start-up counts) and at the env steps the learner had consumed. The SFT policy is the point
+at time 0. Time to threshold is a run's first evaluation at or above the highest threshold every
+run reaches; per arm, the mean over seeds with a bootstrap 95 % interval, and the async/sync
+ratio of means with a stratified bootstrap interval (seeds resampled within each arm).
+
+Prints a table, writes OUT/learning_PROFILE.csv (one row per evaluation of every run),
+OUT/learning_PROFILE.png (mean success vs wall time and vs env steps, 95 % bootstrap bands) and
+the JSON (every run's figures).
+
+    python -m tests.benchmarks.learning [--quick] [--profile model|plain] [--seeds 3] [--arms a,b]
+    (full: 4 arms x 3 seeds, ~90 min on 2 cores; --quick: sync and async_decoupled x 3 seeds with
+    short budgets and 32 episodes, ~25 min)
+Each stage under OUT/learning/ (demos, warm start, calibration, each run) is reused only when it
+was made with the same settings (OUT/learning/made_with/STAGE.json records them): a finished run
+is evaluated again but not retrained.
 """
 
 from __future__ import annotations
@@ -33,92 +46,132 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
-import shutil
 from pathlib import Path
+
+import numpy as np
 
 from tests.benchmarks import workload
 from tests.benchmarks.report import Figure, at_most, main
 from tests.ports import run_port_overrides
 
 CONFIG = workload.CONFIG
-ARMS = {"async": [], "sync": ["--sync"], "nocorr": ["algorithm.off_policy_correction=none"],
-        "parallel": ["policy.action_head=parallel"]}
-# SFT settings of each head's warm start, beyond the config's. The parallel head learns to see
-# later: cloning the oracle, its first action's token accuracy stays at the label marginal
-# (~0.46) for ~300 steps where the autoregressive head's rises after 130-175, and the rest of an
-# autoregressive chunk copies the first action. After the config's 300 steps its policy reached
-# 17-19 % and RL did not improve it; after 600 it reaches 31 % [24, 40] (128 episodes).
-WARM_START = {"autoregressive": [], "parallel": ["sft.steps=600"]}
-THRESHOLDS = (0.9, 0.8, 0.7, 0.6, 0.5)
-REPORT_AT_MIN = (0, 2, 5, 10, 15)
+ARMS = {"sync": ["--sync"],
+        "async": ["algorithm.policy_loss=behavior_clip"],
+        "async_decoupled": ["algorithm.policy_loss=decoupled"],
+        "async_nocorr": ["algorithm.off_policy_correction=none"]}
+QUICK_ARMS = ("sync", "async_decoupled")
+PROFILES = ("model", "plain")
+SEED002 = {"rollout_s": 38.8, "train_s": 32.3}      # one PPO step of OpenVLA-OFT on ManiSkill (seeds/)
+# Wall-clock budget of each run (s): sync needs more to reach what async reaches.
+BUDGETS = {(False, "model"): {"sync": 420.0, "async": 300.0}, (True, "model"): {"sync": 180.0, "async": 120.0},
+           (False, "plain"): {"sync": 420.0, "async": 300.0}, (True, "plain"): {"sync": 150.0, "async": 120.0}}
+THRESHOLDS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4)
+EVAL_GAP_S = {False: 20.0, True: 15.0}       # evaluations at least this far apart in a run
 EVAL_SEED = 0
+BOOTSTRAP = 10_000
+CALIBRATION_UPDATES = 25
 OUT_DIR = Path("bench_results")
 MADE_WITH = "made_with"    # OUT/learning/made_with/STAGE.json: the settings a finished stage was made with
 
 
-def run(quick: bool = False, out_dir: Path = OUT_DIR, arms=tuple(ARMS), fresh: bool = False) -> dict:
+def run(quick: bool = False, out_dir: Path = OUT_DIR, profile: str = "model", seeds: int = 3,
+        arms: tuple[str, ...] | None = None, fresh: bool = False) -> dict:
     """Make the stages not yet made with these settings under out_dir/learning (all with `fresh`), evaluate."""
-    budget_s = 180.0 if quick else 900.0
+    if profile not in PROFILES:
+        raise ValueError(f"profile={profile!r}; choose from {PROFILES}")
+    arms = tuple(arms or (QUICK_ARMS if quick else ARMS))
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise ValueError(f"unknown arm(s) {unknown}; choose from {list(ARMS)}")
     episodes = 32 if quick else 64
-    save_every = 5
     work = out_dir / "learning"
-    results = {"config": CONFIG, "budget_s": budget_s, "episodes": episodes, "eval_seed": EVAL_SEED,
-               "save_interval": save_every, "arms": {}}
     if fresh:
         shutil.rmtree(work / MADE_WITH, ignore_errors=True)
-    warm = {}                                      # action head -> (SFT policy, its success point)
-    for arm in arms:
-        head = _head(arm)
-        if head not in warm:
-            policy_dir = warm_start(work, head)
-            warm[head] = policy_dir, evaluate_policy_dir(policy_dir, episodes)
-        sft_policy, sft_point = warm[head]
-        run_dir = work / arm
-        settings = _settings(*ARMS[arm], f"budget_s={budget_s}", f"save_interval={save_every}",
-                             warm_start=_settings(*_sft_args(head)))
-        if _made_with(work, arm, settings):
-            print(f"[learning] {arm}: reusing the finished run in {run_dir}", flush=True)
-        else:
-            print(f"[learning] {arm}: {budget_s:.0f} s of training", flush=True)
-            train_arm(arm, sft_policy, work, budget_s, save_every)
-            _stamp(work, arm, settings)
-        curve = [dict(sft_point, wall_s=0.0, env_steps=0, step=0)]
-        curve += evaluate_checkpoints(run_dir, episodes, min_gap_s=budget_s / 30)
-        results["arms"][arm] = {"run_dir": str(run_dir), "curve": curve, "sft_policy": str(sft_policy)}
+    sft_policy = warm_start(work)
+    sft_point = evaluate_policy_dir(sft_policy, episodes)
+    latency_ms, calibration = (calibrate(work, sft_policy) if profile == "model" else (0.0, None))
+    budgets = BUDGETS[quick, profile]
+    results = {"config": CONFIG, "profile": profile, "sim_latency_ms": latency_ms, "calibration": calibration,
+               "budgets_s": budgets, "episodes": episodes, "eval_seed": EVAL_SEED, "seeds": list(range(seeds)),
+               "sft": sft_point, "runs": {a: {} for a in arms}}
+    for seed in range(seeds):
+        for arm in arms:
+            budget = budgets["sync" if arm == "sync" else "async"]
+            name = f"{profile}_{arm}_s{seed}"
+            args = [*ARMS[arm], f"env.seed={seed}", f"actor.seed={seed}", f"env.sim_latency_ms={latency_ms:.3f}"]
+            settings = _settings(*args, f"budget_s={budget}", warm_start=_settings())
+            if _made_with(work, name, settings):
+                print(f"[learning] {name}: reusing the finished run", flush=True)
+            else:
+                print(f"[learning] {name}: {budget:.0f} s of training", flush=True)
+                train(name, args, sft_policy, work, budget)
+                _stamp(work, name, settings)
+    for arm in arms:                 # evaluated after all training, so that no run shares its cores with it
+        for seed in range(seeds):
+            run_dir = work / f"{profile}_{arm}_s{seed}"
+            curve = [dict(sft_point, wall_s=0.0, env_steps=0, step=0)]
+            curve += evaluate_checkpoints(run_dir, episodes, EVAL_GAP_S[quick])
+            results["runs"][arm][seed] = {"run_dir": str(run_dir), "curve": curve, **run_timing(run_dir)}
     results["summary"] = summarize(results)
     write_outputs(results, out_dir)
     return results
 
 
+def add_arguments(parser) -> list[str]:
+    """This benchmark's own flags (report.main passes them to run)."""
+    parser.add_argument("--profile", choices=PROFILES, default="model",
+                        help="model: seed 002's rollout:training ratio, modelled with env.sim_latency_ms; "
+                             "plain: the task's own speed")
+    parser.add_argument("--seeds", type=int, default=3, help="runs per arm (seeds 0..N-1)")
+    parser.add_argument("--arms", type=lambda s: tuple(s.split(",")), default=None,
+                        help=f"comma-separated subset of {','.join(ARMS)} (default: all; --quick: "
+                             f"{','.join(QUICK_ARMS)})")
+    return ["profile", "seeds", "arms"]
+
+
 # ---------------------------------------------------------------------------------------- stages
-def _head(arm: str) -> str:
-    return next((a.split("=", 1)[1] for a in ARMS[arm] if a.startswith("policy.action_head=")), "autoregressive")
-
-
-def warm_start(work: Path, head: str = "autoregressive") -> Path:
-    """demos + SFT under `work` with the config's own settings (and action head), made once (cached)."""
-    name = "sft_run" if head == "autoregressive" else f"sft_run_{head}"
-    demos, policy = work / "demos", work / name / "sft" / "policy"
+def warm_start(work: Path) -> Path:
+    """demos + SFT under `work` with the config's own settings, made once (cached)."""
+    demos, policy = work / "demos", work / "sft_run" / "sft" / "policy"
     cli = [sys.executable, "-m", "asyncvla.launch.cli"]
-    sft = _sft_args(head)
-    demos_settings, sft_settings = _settings(), _settings(*sft)     # as the stages start
-    new_demos = not _made_with(work, "demos", demos_settings)
-    if new_demos:
+    sft = ["policy.action_head=autoregressive"]
+    if not _made_with(work, "demos", _settings()):
         shutil.rmtree(demos, ignore_errors=True)
         subprocess.run(cli + ["collect", CONFIG, "--out", str(demos)], check=True)
-        _stamp(work, "demos", demos_settings)
-    if new_demos or not _made_with(work, name, sft_settings):
-        shutil.rmtree(work / name, ignore_errors=True)
+        _stamp(work, "demos", _settings())
+        (work / MADE_WITH / "sft_run.json").unlink(missing_ok=True)
+    if not _made_with(work, "sft_run", _settings(*sft)):
+        shutil.rmtree(work / "sft_run", ignore_errors=True)
         subprocess.run(cli + ["sft", CONFIG, f"sft.data={demos}", f"logging.output_dir={work}",
-                              f"logging.experiment_name={name}", "logging.progress=false", *sft], check=True)
-        _stamp(work, name, sft_settings)
+                              "logging.experiment_name=sft_run", "logging.progress=false", *sft], check=True)
+        _stamp(work, "sft_run", _settings(*sft))
     return policy
 
 
-def _sft_args(head: str) -> list[str]:
-    return [f"policy.action_head={head}", *WARM_START[head]]
+def calibrate(work: Path, sft_policy: Path) -> tuple[float, dict]:
+    """env.sim_latency_ms that makes a sync run's rollout take SEED002's share of training.
+
+    A plain sync run of CALIBRATION_UPDATES updates measures, per update, training (the learner's
+    step) and rollout (the learner's wait for data, which in sync mode is weight sync + rollout);
+    the latency adds the difference spread over the segment's env steps."""
+    settings = _settings("--sync", f"learner.max_steps={CALIBRATION_UPDATES}", warm_start=_settings())
+    name = "calibration"
+    if not _made_with(work, name, settings):
+        print(f"[learning] calibration: a plain sync run of {CALIBRATION_UPDATES} updates", flush=True)
+        train(name, ["--sync", f"learner.max_steps={CALIBRATION_UPDATES}"], sft_policy, work, budget_s=600.0)
+        _stamp(work, name, settings)
+    timing = run_timing(work / name)
+    from asyncvla.common.config import load_config
+    cfg = load_config(CONFIG)
+    env_steps_per_segment = cfg.actor.rollout_length * cfg.policy.num_action_chunks
+    target = timing["train_s"] * SEED002["rollout_s"] / SEED002["train_s"]
+    latency_ms = 1000.0 * max(0.0, target - timing["rollout_s"]) / env_steps_per_segment
+    print(f"[learning] calibration: train {timing['train_s']:.2f} s, rollout {timing['rollout_s']:.2f} s per "
+          f"update -> env.sim_latency_ms={latency_ms:.2f} (target rollout {target:.2f} s)", flush=True)
+    return latency_ms, {**timing, "target_rollout_s": target, "env_steps_per_segment": env_steps_per_segment}
 
 
 def _settings(*args: str, **more) -> dict:
@@ -137,20 +190,35 @@ def _stamp(work: Path, stage: str, settings: dict) -> None:
     (work / MADE_WITH / f"{stage}.json").write_text(json.dumps(settings, indent=1))
 
 
-def train_arm(arm: str, sft_policy: Path, work: Path, budget_s: float, save_every: int) -> None:
-    """One `asyncvla train` run of `budget_s` seconds of training into work/arm (anew)."""
-    run_dir = work / arm
-    (work / MADE_WITH / f"{arm}.json").unlink(missing_ok=True)
+def train(name: str, args: list[str], sft_policy: Path, work: Path, budget_s: float) -> None:
+    """One `asyncvla train` run of at most `budget_s` seconds of training into work/name (anew)."""
+    run_dir = work / name
+    (work / MADE_WITH / f"{name}.json").unlink(missing_ok=True)
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    flags = [a for a in ARMS[arm] if a.startswith("--")]
-    overrides = [a for a in ARMS[arm] if not a.startswith("--")]
-    cmd = [sys.executable, "-m", "asyncvla.launch.cli", "train", CONFIG, *overrides, *run_port_overrides(),
-           f"policy.pretrained_path={sft_policy}", f"logging.output_dir={work}", f"logging.experiment_name={arm}",
-           "logging.progress=false", "learner.max_steps=100000", f"learner.max_time_s={budget_s}",
-           f"checkpoint.save_interval={save_every}", "checkpoint.keep_last=100000", "eval.eval_interval=0",
+    flags = [a for a in args if a.startswith("--")]
+    overrides = [a for a in args if not a.startswith("--")]
+    max_steps = [] if any(a.startswith("learner.max_steps=") for a in overrides) else ["learner.max_steps=100000"]
+    cmd = [sys.executable, "-m", "asyncvla.launch.cli", "train", CONFIG, *max_steps, *overrides,
+           *run_port_overrides(), f"policy.pretrained_path={sft_policy}", f"logging.output_dir={work}",
+           f"logging.experiment_name={name}", "logging.progress=false", f"learner.max_time_s={budget_s}",
+           "checkpoint.save_interval=5", "checkpoint.keep_last=100000", "eval.eval_interval=0",
            *flags]          # flags last: argparse takes no positional override after one
     subprocess.run(cmd, check=True, timeout=budget_s + 300, stdout=subprocess.DEVNULL)
+
+
+def run_timing(run_dir: Path) -> dict:
+    """Mean per update after the first 3: training time, time waiting for data (in sync mode
+    weight sync + rollout), and the policy lag of the data trained on."""
+    from tests.benchmarks.async_sync import read_scalars
+    scalars = read_scalars(run_dir / "tb")
+
+    def mean(tag):
+        values = [v for step, _, v in scalars.get(tag, []) if step > 3]
+        return float(np.mean(values)) if values else None
+    return {"train_s": mean("time/learner_step_s"), "rollout_s": mean("time/learner_idle_s"),
+            "policy_lag_mean": mean("rollout/policy_lag_mean"),
+            "updates": max((s for s, _, _ in scalars.get("time/learner_step_s", [])), default=0)}
 
 
 def evaluate_checkpoints(run_dir: Path, episodes: int, min_gap_s: float) -> list[dict]:
@@ -161,7 +229,7 @@ def evaluate_checkpoints(run_dir: Path, episodes: int, min_gap_s: float) -> list
 
     started = (run_dir / "launch_config.yaml").stat().st_mtime
     tags = checkpoint._complete_tags(run_dir / checkpoint.CHECKPOINTS)          # noqa: SLF001
-    chosen, last_t = [], -float("inf")
+    chosen, last_t = [], started
     for i, tag in enumerate(tags):
         t = checkpoint.read_marker(tag)["saved_at"]
         if t - last_t >= min_gap_s or i == len(tags) - 1:
@@ -191,43 +259,102 @@ def evaluate(policy, cfg, episodes: int) -> dict:
     return {"success": s["success_rate"], "ci_low": s["success_ci95"][0], "ci_high": s["success_ci95"][1]}
 
 
-# ---------------------------------------------------------------------------------------- report
-def at_time(curve: list[dict], t: float) -> dict | None:
-    """The last evaluation at or before wall time t (None when t is past the run's end)."""
-    if t > curve[-1]["wall_s"] + 60:
-        return None
-    before = [p for p in curve if p["wall_s"] <= t]
-    return before[-1] if before else curve[0]
-
-
+# ---------------------------------------------------------------------------------------- statistics
 def first_reaching(curve: list[dict], threshold: float) -> dict | None:
     return next((p for p in curve if p["success"] >= threshold), None)
 
 
-def summarize(results: dict) -> dict:
-    arms = results["arms"]
-    common = next((th for th in THRESHOLDS if all(first_reaching(a["curve"], th) for a in arms.values())), None)
-    out = {"threshold": common, "reach": {}, "at_minutes": {}}
-    for name, a in arms.items():
-        hit = first_reaching(a["curve"], common) if common is not None else None
-        out["reach"][name] = None if hit is None else {"wall_s": hit["wall_s"], "env_steps": hit["env_steps"]}
-        out["at_minutes"][name] = {m: at_time(a["curve"], 60 * m) for m in REPORT_AT_MIN}
-    r = out["reach"]
-    if r.get("async") and r.get("sync"):
-        out["time_ratio_async_sync"] = r["async"]["wall_s"] / max(r["sync"]["wall_s"], 1e-9)
+def bootstrap_mean(values, rng: np.random.Generator, n: int = BOOTSTRAP) -> tuple[float, float, float]:
+    """Mean of `values` and the 95 % percentile interval of the means of n resamples."""
+    v = np.asarray(values, dtype=float)
+    means = v[rng.integers(0, len(v), size=(n, len(v)))].mean(axis=1)
+    return float(v.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def bootstrap_ratio(num, den, rng: np.random.Generator, n: int = BOOTSTRAP) -> tuple[float, float, float]:
+    """mean(num) / mean(den) and its 95 % stratified bootstrap interval (each arm resampled alone)."""
+    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    ra = a[rng.integers(0, len(a), size=(n, len(a)))].mean(axis=1)
+    rb = b[rng.integers(0, len(b), size=(n, len(b)))].mean(axis=1)
+    ratios = ra / rb
+    return float(a.mean() / b.mean()), float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
+
+
+def step_curve(curve: list[dict], key: str, grid: np.ndarray) -> np.ndarray:
+    """Success of the last evaluation at or before each grid point (NaN past the run's last one)."""
+    xs = np.array([p[key] for p in curve], dtype=float)
+    ys = np.array([p["success"] for p in curve], dtype=float)
+    idx = np.searchsorted(xs, grid, side="right") - 1
+    out = ys[np.clip(idx, 0, None)]
+    out[grid > xs[-1]] = np.nan
     return out
+
+
+def band(curves: list[list[dict]], key: str, grid: np.ndarray, rng) -> dict:
+    """Mean success over runs at each grid point with its bootstrap 95 % interval (where every run has one)."""
+    ys = np.stack([step_curve(c, key, grid) for c in curves])
+    ok = ~np.isnan(ys).any(axis=0)
+    stats = [bootstrap_mean(ys[:, j], rng, 2000) if ok[j] else (np.nan,) * 3 for j in range(len(grid))]
+    mean, lo, hi = (np.array(s) for s in zip(*stats))
+    return {"x": grid.tolist(), "mean": mean.tolist(), "low": lo.tolist(), "high": hi.tolist()}
+
+
+def summarize(results: dict) -> dict:
+    rng = np.random.default_rng(0)
+    runs = results["runs"]
+    all_curves = [r["curve"] for arm in runs.values() for r in arm.values()]
+    threshold = next((th for th in THRESHOLDS if all(first_reaching(c, th) for c in all_curves)), None)
+    out = {"threshold": threshold, "arms": {}, "ratios": {}, "bands": {}}
+    t_max = max(p["wall_s"] for c in all_curves for p in c)
+    s_max = min(max(p["env_steps"] for p in c) for c in all_curves)
+    for arm, seeds in runs.items():
+        curves = [r["curve"] for r in seeds.values()]
+        a = {"per_seed": {}}
+        for seed, r in seeds.items():
+            hit = first_reaching(r["curve"], threshold) if threshold is not None else None
+            a["per_seed"][seed] = {"wall_s": hit and hit["wall_s"], "env_steps": hit and hit["env_steps"],
+                                   "final_success": r["curve"][-1]["success"], "updates": r["updates"],
+                                   "train_s": r["train_s"], "rollout_s": r["rollout_s"],
+                                   "policy_lag_mean": r["policy_lag_mean"]}
+        if threshold is not None:
+            a["wall_s"] = bootstrap_mean([s["wall_s"] for s in a["per_seed"].values()], rng)
+            a["env_steps"] = bootstrap_mean([s["env_steps"] for s in a["per_seed"].values()], rng)
+        a["final_success"] = bootstrap_mean([s["final_success"] for s in a["per_seed"].values()], rng)
+        out["arms"][arm] = a
+        out["bands"][arm] = {"wall_s": band(curves, "wall_s", np.linspace(0, t_max, 61), rng),
+                             "env_steps": band(curves, "env_steps", np.linspace(0, s_max, 61), rng)}
+    if threshold is not None and "sync" in runs:
+        sync = out["arms"]["sync"]["per_seed"].values()
+        for arm in runs:
+            if arm != "sync":
+                mine = out["arms"][arm]["per_seed"].values()
+                out["ratios"][arm] = {k: bootstrap_ratio([s[k] for s in mine], [s[k] for s in sync], rng)
+                                      for k in ("wall_s", "env_steps")}
+    if results["calibration"] is not None and "sync" in runs:
+        out["sync_rollout_to_train"] = [s["rollout_s"] / s["train_s"] for s in out["arms"]["sync"]["per_seed"].values()]
+    return out
+
+
+# ---------------------------------------------------------------------------------------- report
+def title(results: dict) -> str:
+    if results["profile"] == "model":
+        return (f"PixelReach-v0, MODEL of seed 002's cost profile (rollout:training 38.8:32.3 via "
+                f"env.sim_latency_ms={results['sim_latency_ms']:.1f})")
+    return "PixelReach-v0, plain profile (the task's own speed on this machine)"
 
 
 def write_outputs(results: dict, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "learning.csv", "w", newline="") as f:
+    profile = results["profile"]
+    with open(out_dir / f"learning_{profile}.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["arm", "wall_s", "env_steps", "step", "success", "ci_low", "ci_high"])
-        for name, a in results["arms"].items():
-            for p in a["curve"]:
-                w.writerow([name, round(p["wall_s"], 1), p["env_steps"], p["step"], p["success"],
-                            round(p["ci_low"], 4), round(p["ci_high"], 4)])
-    plot(results, out_dir / "learning.png")
+        w.writerow(["profile", "arm", "seed", "wall_s", "env_steps", "step", "success", "ci_low", "ci_high"])
+        for arm, seeds in results["runs"].items():
+            for seed, r in seeds.items():
+                for p in r["curve"]:
+                    w.writerow([profile, arm, seed, round(p["wall_s"], 1), p["env_steps"], p["step"], p["success"],
+                                round(p["ci_low"], 4), round(p["ci_high"], 4)])
+    plot(results, out_dir / f"learning_{profile}.png")
 
 
 def plot(results: dict, path: Path) -> None:
@@ -235,43 +362,67 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for name, a in results["arms"].items():
-        c = a["curve"]
+    s = results["summary"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.3), sharey=True)
+    for arm, bands in s["bands"].items():
         for ax, key, scale in ((axes[0], "wall_s", 60.0), (axes[1], "env_steps", 1000.0)):
-            x = [p[key] / scale for p in c]
-            ax.plot(x, [p["success"] for p in c], marker="o", ms=3, label=name)
-            ax.fill_between(x, [p["ci_low"] for p in c], [p["ci_high"] for p in c], alpha=0.2)
-    axes[0].set_xlabel("wall time (min)")
+            b = bands[key]
+            x = np.array(b["x"]) / scale
+            line, = ax.plot(x, b["mean"], label=f"{arm} (n={len(results['runs'][arm])})")
+            ax.fill_between(x, b["low"], b["high"], alpha=0.2, color=line.get_color())
+    if s["threshold"] is not None:
+        for ax in axes:
+            ax.axhline(s["threshold"], color="grey", ls=":", lw=1)
+    axes[0].set_xlabel("wall time (min, from launch)")
     axes[1].set_xlabel("env steps (thousands)")
-    axes[0].set_ylabel(f"success ({results['episodes']} fixed episodes, sampled; 95% CI)")
+    axes[0].set_ylabel(f"success, mean over seeds ({results['episodes']} fixed episodes each; 95% bootstrap band)")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.set_ylim(0, 1)
-    axes[0].legend()
-    fig.suptitle("PixelReach-v0 from SFT warm starts: async vs sync vs no off-policy correction vs parallel head")
+    axes[0].legend(loc="lower right")
+    fig.suptitle(title(results), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def _ci(m) -> str:
+    fmt = "{:,.0f}" if abs(m[0]) >= 100 else "{:.2f}"
+    return f"mean of seeds, 95% CI [{fmt.format(m[1])}, {fmt.format(m[2])}]"
+
+
 def figures(results: dict) -> list[Figure]:
-    s = results["summary"]
+    s, profile = results["summary"], results["profile"]
+    bench = f"learning ({profile})"
     figs = []
-    for name, a in results["arms"].items():
-        for m, p in s["at_minutes"][name].items():
-            if p is not None and 60 * m <= results["budget_s"]:
-                figs.append(Figure("learning", f"{name}: success at {m} min", p["success"], "%",
-                                   note=f"95% CI [{100 * p['ci_low']:.0f}, {100 * p['ci_high']:.0f}] %, "
-                                        f"{p['env_steps']} env steps"))
+    if results["calibration"] is not None:
+        c = results["calibration"]
+        figs.append(Figure(bench, "model: env.sim_latency_ms", results["sim_latency_ms"],
+                           note=f"plain sync: train {c['train_s']:.2f} s, rollout {c['rollout_s']:.2f} s per update"))
+        ratios = s.get("sync_rollout_to_train")
+        if ratios:
+            figs.append(Figure(bench, "model: sync rollout / train time", float(np.mean(ratios)), "x", "1.20 (seed 002)",
+                               note="per seed " + ", ".join(f"{r:.2f}" for r in ratios)))
     th = s["threshold"]
-    for name, r in s["reach"].items():
-        figs.append(Figure("learning", f"{name}: time to {th:.0%} success" if th else f"{name}: time to threshold",
-                           None if r is None else r["wall_s"], "s",
-                           note="no threshold all arms reach" if r is None else f"{r['env_steps']} env steps"))
-    ratio = s.get("time_ratio_async_sync")
-    figs.append(Figure("learning", "async / sync time to threshold", ratio, "x", "<= 0.6", at_most(ratio, 0.6),
-                       note="wrote learning.csv and learning.png"))
+    for arm, a in s["arms"].items():
+        per = a["per_seed"]
+        if th is not None:
+            figs.append(Figure(bench, f"{arm}: time to {th:.0%}", a["wall_s"][0], "s", note=_ci(a["wall_s"]) + "; seeds "
+                               + ", ".join(f"{p['wall_s']:.0f}" for p in per.values())))
+            figs.append(Figure(bench, f"{arm}: env steps to {th:.0%}", a["env_steps"][0], note=_ci(a["env_steps"])))
+        figs.append(Figure(bench, f"{arm}: success at run end", a["final_success"][0], "%",
+                           note=f"lag {np.mean([p['policy_lag_mean'] or 0 for p in per.values()]):.2f}, "
+                                f"{np.mean([p['updates'] for p in per.values()]):.0f} updates"))
+    if th is None:
+        figs.append(Figure(bench, "time to threshold", None, note=f"no threshold of {THRESHOLDS} every run reaches"))
+    for arm, r in s["ratios"].items():
+        goal = "<= 0.6, CI high < 0.8" if profile == "model" else ""
+        met = (at_most(r["wall_s"][0], 0.6) and r["wall_s"][2] < 0.8) if profile == "model" else None
+        figs.append(Figure(bench, f"{arm} / sync: time to {th:.0%}", r["wall_s"][0], "x", goal, met,
+                           note=f"95% CI [{r['wall_s'][1]:.2f}, {r['wall_s'][2]:.2f}]"))
+        figs.append(Figure(bench, f"{arm} / sync: env steps to {th:.0%}", r["env_steps"][0], "x", "<= 1.15",
+                           at_most(r["env_steps"][0], 1.15), note=f"95% CI [{r['env_steps'][1]:.2f}, {r['env_steps'][2]:.2f}]"))
+    figs.append(Figure(bench, "outputs", None, note=f"wrote learning_{profile}.csv and learning_{profile}.png"))
     return figs
 
 

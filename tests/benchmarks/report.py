@@ -2,7 +2,8 @@
 
 A benchmark module exposes `run(quick) -> dict` (raw results, JSON-ready) and
 `figures(results) -> list[Figure]` (the numbers worth a line in the table, each with the goal of
-issue #9 where it has one, and whether it is met). `main(module)` gives a module its command line:
+issue #9 where it has one, and whether it is met), and optionally `add_arguments(parser) -> [dest]`
+(its own flags, passed to `run` by name). `main(module)` gives a module its command line:
 
     python -m tests.benchmarks.<name> [--quick] [--out bench_results/<name>.json]
 
@@ -112,10 +113,11 @@ def main(module) -> None:
     parser = argparse.ArgumentParser(description=(module.__doc__ or name).splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter runs")
     parser.add_argument("--out", default=f"bench_results/{name}.json", help="JSON output path")
+    own = module.add_arguments(parser) if hasattr(module, "add_arguments") else []   # a module's own flags
     args = parser.parse_args()
     env = environment()
     with CpuMeter() as cpu:
-        results = module.run(args.quick)
+        results = module.run(args.quick, **{key: getattr(args, key) for key in own})
     figs = module.figures(results)
     print_table(figs, title=f"{name} ({env['hardware']['cores']} cores, {env['hardware']['cpu']})")
     print(cpu_line({name: cpu.result}))
