@@ -30,8 +30,8 @@ run reaches; per arm, the mean over seeds with a bootstrap 95 % interval, and th
 ratio of means with a stratified bootstrap interval (seeds resampled within each arm).
 
 Prints a table, writes OUT/learning_PROFILE.csv (one row per evaluation of every run),
-OUT/learning_PROFILE.png (mean success vs wall time and vs env steps, 95 % bootstrap bands) and
-the JSON (every run's figures).
+OUT/learning_PROFILE.png (mean success vs wall time and vs env steps, 95 % bootstrap bands),
+OUT/learning_PROFILE.md (the results table in markdown) and the JSON (every run's figures).
 
     python -m tests.benchmarks.learning [--quick] [--profile model|plain] [--seeds 3] [--arms a,b]
     (full: 4 arms x 3 seeds, ~90 min on 2 cores; --quick: sync and async_decoupled x 3 seeds with
@@ -355,6 +355,27 @@ def write_outputs(results: dict, out_dir: Path) -> None:
                     w.writerow([profile, arm, seed, round(p["wall_s"], 1), p["env_steps"], p["step"], p["success"],
                                 round(p["ci_low"], 4), round(p["ci_high"], 4)])
     plot(results, out_dir / f"learning_{profile}.png")
+    (out_dir / f"learning_{profile}.md").write_text(markdown(results))
+
+
+def markdown(results: dict) -> str:
+    """The results as a markdown table (the README's and docs' form): per arm, time and env steps
+    to the threshold (mean over seeds, 95 % bootstrap CI, each seed) and the ratio to sync."""
+    s, th = results["summary"], results["summary"]["threshold"]
+    if th is None:
+        return f"No threshold of {THRESHOLDS} is reached by every run.\n"
+    lines = [f"| arm ({len(results['seeds'])} seeds) | time to {th:.0%} (s) | per seed | / sync | "
+             f"env steps to {th:.0%} (k) | / sync | success at end |",
+             "|---|---|---|---|---|---|---|"]
+    for arm, a in s["arms"].items():
+        t, e, f = a["wall_s"], a["env_steps"], a["final_success"]
+        r = s["ratios"].get(arm)
+        ratio = (lambda k: f"{r[k][0]:.2f} [{r[k][1]:.2f}, {r[k][2]:.2f}]") if r else (lambda k: "1")
+        seeds = ", ".join(f"{p['wall_s']:.0f}" for p in a["per_seed"].values())
+        lines.append(f"| {arm} | {t[0]:.0f} [{t[1]:.0f}, {t[2]:.0f}] | {seeds} | {ratio('wall_s')} | "
+                     f"{e[0] / 1e3:.0f} [{e[1] / 1e3:.0f}, {e[2] / 1e3:.0f}] | {ratio('env_steps')} | "
+                     f"{100 * f[0]:.0f} % [{100 * f[1]:.0f}, {100 * f[2]:.0f}] |")
+    return "\n".join(lines) + "\n"
 
 
 def plot(results: dict, path: Path) -> None:

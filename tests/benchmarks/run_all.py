@@ -6,10 +6,11 @@ Runs the benchmarks below in turn (each module's docstring says what it measures
 prints ONE table of figures with the goals of issue #9 and whether each is met, and writes
 OUT/bench.json: the environment (hardware, load, versions, commit), each benchmark's wall time
 and the CPU other work took meanwhile, the figures and every raw result. A benchmark that fails
-is reported in the table and the JSON, the others still run, and the exit status is 1. Full mode takes ~100 minutes on 2
-cores, 75 of them the learning benchmark (four 15-minute training runs) and 12 the fault suite
-(faults: every attack of the reliability issue on a real run, its table printed as it ends);
---quick ~25. Benchmarks are not tests: nothing here asserts a timing.
+is reported in the table and the JSON, the others still run, and the exit status is 1. Full mode
+takes ~2 hours on 2 cores, ~90 minutes of them the learning benchmark (4 arms x 3 seeds on the
+modelled cost profile; `python -m tests.benchmarks.learning --profile plain` runs the plain one)
+and 12 the fault suite (faults: every attack of the reliability issue on a real run, its table
+printed as it ends); --quick ~40, ~20 of them learning. Benchmarks are not tests: nothing here asserts a timing.
 
 Two component benchmarks are not part of the default run (their figures are inputs of the
 ones above, not goals): --only env_throughput,policy_throughput runs them.
