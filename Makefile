@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 # pytest options, e.g. `make test PYTEST_ARGS="-k transport"`
 PYTEST_ARGS ?=
 
-.PHONY: setup train test bench clean
+.PHONY: setup train test bench docs clean
 
 setup: $(STAMP)
 	@bash launch/setup_vulkan.sh $(PY)
@@ -30,11 +30,15 @@ test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Performance and learning figures beside their baselines and goals: one table, and the JSON in
-# bench_results/bench.json (+ learning.csv / learning.png). ~100 minutes on 2 CPU cores, most of it
-# the learning benchmark's four 15-minute runs and the fault suite (~12); `make bench ARGS=--quick` takes ~25.
+# bench_results/bench.json (+ learning_model.csv / .png). ~2 hours on 2 CPU cores, ~90 minutes of it
+# the learning benchmark (4 arms x 3 seeds) and ~12 the fault suite; `make bench ARGS=--quick` takes ~40.
 bench: setup
 	$(PY) -m tests.benchmarks.run_all $(ARGS)
 
+# The documentation site (mkdocs.yml, docs/) into site/, offline; --strict fails on a broken link.
+docs: setup
+	$(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) runs bench_results .pytest_cache *.egg-info
+	rm -rf $(VENV) runs bench_results site .pytest_cache *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

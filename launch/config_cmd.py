@@ -11,16 +11,22 @@ def add_parser(sub) -> None:
     p = sub.add_parser("config", help="validate a config file (+ overrides) and print it resolved",
                        description="Validate CONFIG with dotted overrides (key=value) and print the "
                                    "resolved configuration; --describe prints every key with its "
-                                   "default, allowed values and meaning.")
+                                   "default, allowed values and meaning (with --markdown: as the page "
+                                   "docs/configuration.md).")
     p.add_argument("config", nargs="?", help="YAML file in the schema of common/config.py")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.num_envs=4")
     p.add_argument("--describe", action="store_true", help="print the configuration reference")
+    p.add_argument("--markdown", action="store_true",
+                   help="with --describe: one markdown table per section (docs/configuration.md)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    if args.markdown and not args.describe:
+        print("asyncvla: config error: --markdown goes with --describe", file=sys.stderr)
+        return 2
     if args.describe:
-        print(describe())
+        print(describe(markdown=args.markdown), end="\n" if not args.markdown else "")
         return 0
     try:
         config = load_config(args.config, parse_overrides(args.overrides))
