@@ -67,6 +67,7 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
              actor_id, env.num_envs, printable(cfg.env.id), printable(cfg.actor.device), per_version, in_flight)
 
     version, state, seq, sent_at_version = -1, rollout.start(env), 0, 0
+    incarnation = int.from_bytes(os.urandom(7), "little")     # seqs restart with a restarted actor
     rejoins = client.rejoins
     try:
         while not stop.is_set() and not client.finished and (max_segments is None or seq < max_segments):
@@ -98,7 +99,7 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
                 continue
             arrays, info = rollout.collect_segment(env, policy, tokenize, state, cfg.actor.rollout_length,
                                                    cfg.policy.temperature, generator)
-            meta = {"actor_id": actor_id, "seq": seq, "policy_version": version,
+            meta = {"actor_id": actor_id, "seq": seq, "incarnation": incarnation, "policy_version": version,
                     "num_steps": cfg.actor.rollout_length, "num_envs": env.num_envs,
                     "env_steps": info["env_steps"], "act_s": info["act_s"], "env_s": info["env_s"],
                     "token": client.token}          # the newest welcome's: a rejoin renews it

@@ -344,8 +344,8 @@ def _as_wire_array(name: str, value) -> tuple[str, np.ndarray]:
 @dataclass
 class Segment:
     """One trajectory segment: meta (actor_id, seq, policy_version, num_steps T, num_envs B,
-    env_steps, optional act_s/env_s and the actor's token) and time-major arrays named as in
-    `SEGMENT_FIELDS`."""
+    env_steps, optional act_s/env_s, the actor's incarnation and token) and time-major arrays named
+    as in `SEGMENT_FIELDS`."""
     meta: dict
     arrays: dict[str, np.ndarray]
 
@@ -400,7 +400,9 @@ WIRE_ORDER = (tuple(k for k, f in SEGMENT_FIELDS.items() if "H" in f.dims) + FIN
 WIRE_ORDER += tuple(k for k in SEGMENT_FIELDS if k not in WIRE_ORDER)
 SEGMENT_META = {"actor_id": str, "seq": int, "policy_version": int, "num_steps": int,
                 "num_envs": int, "env_steps": int}
-SEGMENT_META_OPTIONAL = {"act_s": float, "env_s": float, "token": str}
+# incarnation: drawn by an actor process at start; with actor_id it names the stream whose seqs a
+# learner rank checks for repeats (a restarted actor keeps its id and starts again at seq 0).
+SEGMENT_META_OPTIONAL = {"act_s": float, "env_s": float, "token": str, "incarnation": int}
 
 
 def final_field(obs_name: str) -> str:
@@ -462,8 +464,8 @@ def check_segment_meta(meta: dict) -> dict:
         raise ValidationError("bad_meta", f"unknown meta keys {sorted(map(str, extra))[:5]}")
     check_meta(meta, SEGMENT_META)
     check_meta(meta, {k: t for k, t in SEGMENT_META_OPTIONAL.items() if k in meta})
-    for key in ("seq", "policy_version", "env_steps", "num_steps", "num_envs"):
-        if meta[key] < (1 if key in ("num_steps", "num_envs") else 0):
+    for key in ("seq", "policy_version", "env_steps", "num_steps", "num_envs", "incarnation"):
+        if key in meta and meta[key] < (1 if key in ("num_steps", "num_envs") else 0):
             raise ValidationError("bad_meta", f"meta '{key}'={meta[key]} is out of range")
     if not 0 < len(meta["actor_id"]) <= MAX_NAME_LEN:
         raise ValidationError("bad_meta", "meta 'actor_id' must be 1..256 characters")
@@ -578,6 +580,7 @@ def _group_checks(layout: _Layout, spec: SegmentSpec) -> list[tuple]:
 
 def _check_segment_values(msg: Message, spec: SegmentSpec, dims: dict, group_checks: list) -> None:
     arrays = msg.arrays
+    _check_counters(msg.meta, dims, spec)
     for reason, what, test, runs in group_checks:
         for run in runs:
             if not test(np.ndarray((run.count,), run.dtype, msg.buffers[run.frame], run.offset)):
@@ -609,6 +612,21 @@ def _check_segment_values(msg: Message, spec: SegmentSpec, dims: dict, group_che
     if (marked is None and cut.any()) or (marked is not None and not np.array_equal(marked, cut.ravel())):
         raise ValidationError("bad_values", "'final_index' must list each truncated, non-terminated "
                                             "(t, b) exactly once")
+
+
+def _check_counters(meta: dict, dims: dict, spec: SegmentSpec) -> None:
+    """Counters a sender reports, against what its arrays can hold: T policy steps of K env steps
+    in each of B envs, and at most one episode end per env and policy step (an env resets after
+    the chunk it ended in). A learner sums env_steps into its budget (learner.max_env_steps): one
+    absurd count would end the run."""
+    T, B = dims["T"], dims["B"]
+    most = T * spec.num_action_chunks * B
+    if meta["env_steps"] > most:
+        raise ValidationError("bad_counter", f"meta 'env_steps'={meta['env_steps']} > {most}, what T={T} "
+                                             f"policy steps x K={spec.num_action_chunks} x B={B} envs hold")
+    if dims["E"] > T * B:
+        raise ValidationError("bad_counter", f"{dims['E']} episodes ended in T={T} steps of B={B} envs "
+                                             f"(at most {T * B})")
 
 
 def all_finite(a: np.ndarray) -> bool:

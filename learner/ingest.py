@@ -11,8 +11,11 @@ The lag rule: a column made by policy version v is used by an update at version 
 `ColumnBuffer.drop_stale`, to columns left over in the buffer while the learner moved on; every
 dropped segment is counted by reason.
 
+Duplicates: a segment whose (actor, seq) this rank already took (a replay) is dropped and
+counted as "duplicate" (`SeenSegments`: bounded memory per actor).
+
 Accounting (`Inbox.accounting`): each segment a rank acked ends in exactly one place, so that
-    acked = trained + dropped (invalid by reason, stale, future_version) + buffered
+    acked = trained + dropped (invalid by reason, stale, future_version, duplicate) + buffered
 holds at every moment. A segment counts as trained once its last column went into a batch; one
 partly trained when the lag rule drops its remaining columns counts as dropped "stale" (its
 trained columns are in the column figures, which balance too: added = trained + dropped + buffered).
@@ -20,12 +23,13 @@ trained columns are in the column figures, which balance too: added = trained + 
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from asyncvla.common.protocol import FINAL_FIELDS, TIME_MAJOR_FIELDS
+from asyncvla.common.sockets import DropLog
 
 
 @dataclass
@@ -124,6 +128,56 @@ def concat_columns(parts) -> Batch:
     return Batch(arrays=arrays, versions=versions, final_index=fi, finals=finals)
 
 
+class SeenSegments:
+    """The segments one rank took, per stream (an actor process: its id and the incarnation it
+    drew at start, so that a restarted actor's seqs start afresh), in bounded memory: the highest
+    seq and those taken within `window` below it, for at most `max_streams` streams (the one
+    heard from least recently is forgotten first).
+
+    An actor's segments reach a rank in order over one connection, so one that comes `window` or
+    more below the highest is a replay, as is a repeat. `gaps` counts seqs skipped in a stream
+    and not filled later (segments lost on the way, or dropped by the actor's backpressure);
+    it means that only when one rank takes all of each actor's segments (`count_gaps`)."""
+
+    def __init__(self, window: int = 64, max_streams: int = 1024, count_gaps: bool = True):
+        self.window, self.max_streams, self.count_gaps = window, max_streams, count_gaps
+        self._streams: OrderedDict = OrderedDict()      # stream -> [highest seq, seqs taken near it, first]
+        self.gaps = 0
+
+    @property
+    def held(self) -> int:
+        """Seqs remembered, over all streams (at most max_streams x 2 window)."""
+        return sum(len(entry[1]) for entry in self._streams.values())
+
+    def first_time(self, stream, seq: int) -> bool:
+        """Record (stream, seq); False when it was taken before or is too old to tell."""
+        entry = self._streams.get(stream)
+        if entry is None:
+            if len(self._streams) >= self.max_streams:
+                self._streams.popitem(last=False)
+            self._streams[stream] = [seq, {seq}, seq]  # (a learner that restarted joins mid-stream)
+            return True
+        self._streams.move_to_end(stream)
+        highest, recent, first = entry
+        if seq > highest:
+            self.gaps += (seq - highest - 1) * self.count_gaps
+            entry[0] = seq
+            recent.add(seq)
+            if len(recent) > 2 * self.window:           # (pruned in bulk: O(1) per segment)
+                entry[1] = {s for s in recent if s > seq - self.window}
+            return True
+        if seq <= highest - self.window or seq in recent:
+            return False
+        recent.add(seq)
+        if seq > first:
+            self.gaps -= self.count_gaps               # a late one fills a gap counted before
+        return True
+
+
+def stream_of(meta: dict) -> tuple:
+    return meta["actor_id"], meta.get("incarnation", 0)
+
+
 class Inbox:
     """One learner rank's trajectories: receive segments, apply the lag rule, buffer columns.
 
@@ -131,20 +185,24 @@ class Inbox:
     buffered (False if `stop` was set first); `take(n)` then returns them as a Batch. Each
     received segment goes to `on_segment(segment, lag)` (metrics). `drops` counts dropped
     segments by reason: stale, future_version (made by a learner run this one never was, e.g.
-    before a restart) and invalid (refused by the receiver's checks).
+    before a restart), duplicate (taken before: `SeenSegments`) and invalid (refused by the
+    receiver's checks). `seq_gaps`: segments missing from the actors' sequences (see
+    `SeenSegments`; counted only with `count_gaps`, i.e. when this is the only rank).
 
     `watchdog()` (optional) is called on entry and at least every 200 ms while waiting: it raises
     when something the learner needs has died (rank 0's server threads), so a learner whose
     actors can no longer join or get weights stops with that error instead of waiting for ever.
     """
 
-    def __init__(self, receiver, max_policy_lag: int, on_segment=None, watchdog=None):
+    def __init__(self, receiver, max_policy_lag: int, on_segment=None, watchdog=None, count_gaps: bool = True):
         self.receiver = receiver
         self.max_policy_lag = max_policy_lag
         self.buffer = ColumnBuffer(max_policy_lag)
         self.on_segment = on_segment
         self.watchdog = watchdog
-        self._stale = self._future = 0
+        self.seen = SeenSegments(count_gaps=count_gaps)
+        self._drop_log = DropLog("learner inbox", noun="segment(s) dropped")
+        self._stale = self._future = self._duplicate = 0
         self._width = 1                  # columns (envs) per segment, as the last one had
 
     def fill(self, n: int, version: int, stop) -> bool:
@@ -160,6 +218,11 @@ class Inbox:
             need = -(-(n - self.buffer.columns) // self._width)
             for seg in self.receiver.recv_many(need, timeout_ms=200):
                 self._width = seg.meta["num_envs"]
+                if not self.seen.first_time(stream_of(seg.meta), seg.meta["seq"]):
+                    self._duplicate += 1
+                    self._drop_log("duplicate", f"segment seq {seg.meta['seq']} of actor "
+                                                f"{seg.meta['actor_id'][:40]!r} was taken before")
+                    continue
                 made_by = int(seg.meta["policy_version"])
                 lag = version - made_by
                 if lag > self.max_policy_lag:
@@ -179,20 +242,24 @@ class Inbox:
         """Dropped segments so far, by reason (running totals)."""
         invalid = sum(self.receiver.stats.get("invalid", {}).values())
         return {"stale": self._stale + self.buffer.dropped["stale"], "future_version": self._future,
-                "invalid": invalid}
+                "duplicate": self._duplicate, "invalid": invalid}
+
+    @property
+    def seq_gaps(self) -> int:
+        return self.seen.gaps
 
     def accounting(self) -> dict:
         """Where every segment this rank acked went (see the module docstring): acked (valid or
         not: the receiver acks each message it takes), trained, dropped by reason (invalid ones
-        by the receiver's reasons), still buffered; and the columns of the buffered segments."""
+        by the receiver's reasons), still buffered; the columns of the buffered segments; and
+        seq_gaps (segments that never came: outside the balance)."""
         stats = self.receiver.stats
         invalid = {str(k): int(v) for k, v in stats.get("invalid", {}).items()}
-        dropped = {"stale": self._stale + self.buffer.dropped["stale"], "future_version": self._future,
-                   "invalid": sum(invalid.values())}
+        dropped = {**self.drops, "invalid": sum(invalid.values())}
         acked = int(stats.get("received", 0)) + dropped["invalid"]
         buf = self.buffer
         out = {"acked": acked, "trained": buf.trained, "dropped": dropped, "invalid": invalid,
-               "buffered": buf.segments,
+               "buffered": buf.segments, "seq_gaps": self.seq_gaps,
                "columns": {"added": buf.column_counts["added"], "trained": buf.column_counts["trained"],
                            "dropped": buf.column_counts["dropped"], "buffered": buf.columns}}
         out["balanced"] = acked == buf.trained + sum(dropped.values()) + buf.segments

@@ -78,7 +78,7 @@ def run(cfg: Config) -> int:
     servers = _serve(cfg, run_dir, policy_dir, endpoints, world, lambda: version, metrics, auth_key) \
         if rank == 0 else ()
     inbox = Inbox(receiver, cfg.learner.max_policy_lag, on_segment=metrics.add_segment,
-                  watchdog=lambda: _check_alive(servers))
+                  watchdog=lambda: _check_alive(servers), count_gaps=world == 1)
     publisher = Publisher(ema, servers[1] if servers else None)
     # version 0 is the initial weights; a resumed run serves its checkpoint's EMA weights as saved
     publish_s = publisher.publish(engine, version, step) if resume_from is None else publisher.republish(version, step)
@@ -98,7 +98,8 @@ def run(cfg: Config) -> int:
             version += 1
             publish_s = publisher.publish(engine, version, step)
         scalars = {**group(stats), "time/learner_idle_s": t1 - t0, "time/learner_step_s": t2 - t1,
-                   "time/publish_s": publish_s, "train/actor/lr": engine.get_lr()[0], "rollout/version": version}
+                   "time/publish_s": publish_s, "train/actor/lr": engine.get_lr()[0], "rollout/version": version,
+                   "system/seq_gaps": inbox.seq_gaps}
         report = metrics.report(step, scalars, inbox.drops, samples=cols * cfg.actor.rollout_length * world,
                                 device=device, time_up=_time_up(cfg, started), rank0_only=_server_figures(servers))
         if cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0:

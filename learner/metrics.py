@@ -37,7 +37,7 @@ GROUPS = {
 
 # How a scalar combines over ranks: summed counts, maxima; everything else is the ranks' mean.
 SUMMED = ("segments", "lag_sum", "episodes", "return_sum", "length_sum", "success_sum", "env_steps",
-          "dropped_stale", "dropped_future_version", "dropped_invalid")
+          "dropped_stale", "dropped_future_version", "dropped_duplicate", "dropped_invalid", "system/seq_gaps")
 MAXED = ("lag_max", "train/actor/ratio_max", "actors_seen", "time_up")
 ACCOUNTING_DIR = "accounting"
 
@@ -190,7 +190,8 @@ def write_accounting(run_dir, step: int, inbox, servers=()) -> Path:
         log.warning("segment accounting not written to %s: %s", path, e)
     d = record["dropped"]
     log.info("segments (rank %d, step %d): acked %d = trained %d + dropped %d (invalid %d, stale %d, "
-             "future_version %d) + buffered %d%s", rank, step, record["acked"], record["trained"],
-             sum(d.values()), d["invalid"], d["stale"], d["future_version"], record["buffered"],
-             "" if record["balanced"] else "  UNBALANCED")
+             "future_version %d, duplicate %d) + buffered %d%s; %d missing from the actors' sequences", rank,
+             step, record["acked"], record["trained"], sum(d.values()), d["invalid"], d["stale"],
+             d["future_version"], d["duplicate"], record["buffered"],
+             "" if record["balanced"] else "  UNBALANCED", record["seq_gaps"])
     return path

@@ -599,10 +599,12 @@ class SegmentMaker:
 SEGMENT_KINDS = ("valid", "stale", "future_version", "unregistered")
 
 
-def trajectory_fuzz(count: int, rng, maker: SegmentMaker, version_fn, categories=(*HOSTILE, *SEGMENT_KINDS[1:])):
+def trajectory_fuzz(count: int, rng, maker: SegmentMaker, version_fn, categories=(*HOSTILE, *SEGMENT_KINDS[1:]),
+                    first_seq: int = 0):
     """(category, frames) for the trajectory port. Besides the hostile kinds: segments of the
     registered fuzz actor that are valid (trained on, or dropped stale when the learner moved on
-    meanwhile), stale (version 0), from a future version, and valid ones without its token."""
+    meanwhile), stale (version 0), from a future version, and valid ones without its token; its
+    i-th message has seq first_seq + i (a seq the learner took before would be a duplicate)."""
     bases = [maker.segment(rng, 0, B=b) for b in (1, 2, 4)]
     base_frames = [[f if isinstance(f, bytes) else np.ascontiguousarray(f).tobytes() for f in P.encode_segment(b)]
                    for b in bases]
@@ -634,7 +636,7 @@ def trajectory_fuzz(count: int, rng, maker: SegmentMaker, version_fn, categories
         category = categories[i % len(categories)]
         if category in SEGMENT_KINDS:
             version = {"stale": 0, "future_version": version_fn() + 10**6}.get(category, version_fn())
-            seg = maker.segment(rng, version, seq=i)
+            seg = maker.segment(rng, version, seq=first_seq + i)
             if category == "unregistered":
                 seg.meta["token"] = str(rng.choice(["0" * 64, "x"]))
             yield category, P.encode_segment(seg)
@@ -706,8 +708,8 @@ def fuzz(run: Run, port: str, count: int, rng, maker: SegmentMaker | None = None
         if port == "trajectory":
             _wait_acks(peer, sum(sent.values()) - 3, t0 + timeout_s)
         if valid:
-            _send_all(peer, trajectory_fuzz(valid, rng, maker, probe, categories=SEGMENT_KINDS[:1]), sent, probe,
-                      t0 + timeout_s)
+            _send_all(peer, trajectory_fuzz(valid, rng, maker, probe, categories=SEGMENT_KINDS[:1], first_seq=count),
+                      sent, probe, t0 + timeout_s)
             _wait_acks(peer, sum(sent.values()) - 3, t0 + timeout_s)
         peer.settle(timeout_s=60)
     finally:

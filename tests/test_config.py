@@ -49,6 +49,30 @@ def test_errors_name_key_value_and_allowed(tmp_path, text, override, words):
         assert w in str(e.value), (w, str(e.value))
 
 
+@pytest.mark.parametrize("override", ["learner.lr=inf", "learner.adam_eps=nan", "learner.max_abs_reward=inf",
+                                      "learner.max_time_s=inf", "env.sim_latency_ms=-inf", "algorithm.gamma=nan"])
+def test_float_keys_refuse_nan_and_inf(override):
+    """nan passes every range check and inf a one-sided one (learner.lr > 0): the schema refuses both."""
+    key, value = override.split("=")
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert f"{key}={value}" in str(e.value) and "finite" in str(e.value), str(e.value)
+
+
+def test_no_float_key_takes_nan_or_inf_from_yaml_or_a_received_config(tmp_path):
+    with pytest.raises(ConfigError, match=r"learner.value_lr=nan.*finite"):
+        load_config(write(tmp_path, "learner:\n  value_lr: .nan\n"))
+    floats = [(section, name) for section, fields in to_dict(Config()).items() if isinstance(fields, dict)
+              for name, v in fields.items() if isinstance(v, float)]
+    assert len(floats) > 20
+    for section, name in floats:
+        for bad in (float("nan"), float("inf")):
+            data = to_dict(Config())
+            data[section][name] = bad
+            with pytest.raises(ConfigError, match=f"{section}.{name}="):
+                from_dict(data)
+
+
 def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")

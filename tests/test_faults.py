@@ -63,7 +63,7 @@ def test_every_segment_a_rank_acks_is_accounted_for():
         receiver.close()
     assert acc["acked"] == 7 and acc["balanced"]
     assert acc["trained"] == 1 and acc["buffered"] == 1            # seq 2 whole, seq 4 half
-    assert acc["dropped"] == {"stale": 2, "future_version": 1, "invalid": 2}   # seq 0's rest, seq 1
+    assert acc["dropped"] == {"stale": 2, "future_version": 1, "duplicate": 0, "invalid": 2}   # seq 0's rest, seq 1
     assert acc["invalid"] == {"bad_header": 2}
     assert acc["columns"] == {"added": 12, "trained": 8, "dropped": 2, "buffered": 2}
 

@@ -14,7 +14,7 @@ from asyncvla.common.config import Config, TransportConfig
 from asyncvla.common.control import ControlServer, LearnerClient
 from asyncvla.common.sockets import ThreadDied
 from asyncvla.common.weight_channel import WeightServer, WeightSubscriber
-from asyncvla.learner.ingest import ColumnBuffer, Inbox, rollout_plan
+from asyncvla.learner.ingest import ColumnBuffer, Inbox, SeenSegments, rollout_plan
 from tests.test_protocol import LIMITS, make_segment, make_spec
 
 SPEC = make_spec(T=2, B=4, H=8, L=4, K=2, D=2)
@@ -55,8 +55,54 @@ def test_columns_older_than_the_lag_never_reach_an_update(link):
     assert inbox.fill(6, version=2, stop=stop)
     batch = inbox.take(6)
     assert list(batch.versions) == [2] * 6
-    assert inbox.drops == {"stale": 2, "future_version": 1, "invalid": 0}
+    assert inbox.drops == {"stale": 2, "future_version": 1, "duplicate": 0, "invalid": 0}
     assert seen == [0, 0, 0]                               # the used segments, with their lags
+
+
+def test_a_replayed_segment_trains_once_and_a_lying_counter_is_dropped(link):
+    """The same segment 4 times: trained once, 3 dropped as duplicates, inside the balance. An
+    actor restarted under the same id (a new incarnation) starts at seq 0 again and is trained;
+    seqs that never came are gaps; a segment claiming more env steps than its arrays hold (it
+    would end a run by learner.max_env_steps) is dropped as invalid."""
+    receiver, sender = link
+    used = []
+    inbox, stop = Inbox(receiver, max_policy_lag=4, on_segment=lambda seg, lag: used.append(seg.meta)), \
+        threading.Event()
+
+    def segment(seq, **meta):
+        seg = make_segment(SPEC, B=4, seq=seq)
+        seg.meta.update(policy_version=0, **meta)
+        return seg
+    replayed = segment(0)
+    for seg in (replayed, replayed, replayed, replayed, segment(0, incarnation=7), segment(3),
+                segment(4, env_steps=(1 << 63) - 1)):
+        assert sender.send(seg)
+    assert inbox.fill(12, version=0, stop=stop)
+    assert list(inbox.take(12).versions) == [0] * 12
+    assert receiver.recv(timeout_ms=1000) is None          # (the last one, if fill did not read it)
+    acc = inbox.accounting()
+    assert [(m["seq"], m.get("incarnation")) for m in used] == [(0, None), (0, 7), (3, None)]
+    assert acc["acked"] == 7 and acc["trained"] == 3 and acc["balanced"], acc
+    assert acc["dropped"] == {"stale": 0, "future_version": 0, "duplicate": 3, "invalid": 1}
+    assert acc["invalid"] == {"bad_counter": 1}
+    assert acc["seq_gaps"] == 2                            # seqs 1 and 2 of the first actor
+
+
+def test_seen_segments_bounded_per_actor_and_in_actors():
+    seen = SeenSegments(window=8, max_streams=2)
+    assert all([seen.first_time("a", s) for s in range(0, 100, 2)])    # every other seq
+    assert seen.gaps == 49
+    assert seen.first_time("a", 97) and seen.gaps == 48     # late, within the window: fills a gap
+    assert not seen.first_time("a", 97) and not seen.first_time("a", 98)
+    assert not seen.first_time("a", 50)                     # far below the highest: only a replay
+    for s in range(100, 10_000):
+        seen.first_time("a", s)
+    assert seen.held <= 2 * 8
+    assert seen.first_time("b", 0) and seen.first_time("c", 0)    # a third stream: "a" is forgotten
+    assert seen.first_time("a", 9_999) and seen.held <= 2 * 2 * 8
+    quiet = SeenSegments(count_gaps=False)                  # several ranks: each sees a share only
+    assert quiet.first_time("x", 0) and quiet.first_time("x", 5)
+    assert quiet.gaps == 0
 
 
 def test_drop_stale_checks_the_whole_queue():

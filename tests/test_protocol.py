@@ -192,6 +192,16 @@ def _drop_array(name):
     return f
 
 
+def _episodes(n):
+    """Replace the episode arrays with n consistent episodes."""
+    def f(frames):
+        meta, arrays = _arrays(frames)
+        arrays.update(ep_return=np.zeros(n, np.float32), ep_length=np.ones(n, np.int64),
+                      ep_success=np.zeros(n, np.uint8))
+        return P.encode(P.SEGMENT, meta, arrays)
+    return f
+
+
 def _spec_entry(name, pos, value):
     """Change one layout entry (name, dtype or shape) and nothing else."""
     def f(frames):
@@ -256,6 +266,10 @@ CASES = {
     "final_index off a truncation": (_set_array("truncated", lambda a: a.__setitem__(slice(None), 0)),
                                      "bad_values"),
     "negative episode length": (_set_array("ep_length", lambda a: a.__setitem__(0, -3)), "bad_values"),
+    # SMALL: T=4 policy steps x K=2 env steps x B=2 envs; the unmutated segment claims all 16
+    "env_steps int64 max": (_set_meta("env_steps", (1 << 63) - 1), "bad_counter"),
+    "env_steps one beyond the arrays": (_set_meta("env_steps", 4 * 2 * 2 + 1), "bad_counter"),
+    "more episodes than env steps end": (_episodes(4 * 2 + 1), "bad_counter"),
 }
 
 
