@@ -168,6 +168,9 @@ class LearnerConfig:
     max_policy_lag: int = opt(4, "drop segments produced more than this many versions ago", ge=0)
     max_abs_reward: float = opt(1e4, "drop segments holding a reward with |r| above this (counted as "
                                 "bad_reward): a finite but absurd reward would swamp the gradient", gt=0.0)
+    max_nonfinite_steps: int = opt(5, "stop the run (non-zero exit) when this many optimizer steps in a row "
+                                   "had a non-finite loss or gradient norm; each one is skipped and counted "
+                                   "(system/nonfinite_steps)", ge=1)
     publish_interval: int = opt(1, "publish weights every this many updates", ge=1)
     rollout_ema_decay: float = opt(0.0, "EMA of published weights: pub <- d*pub + (1-d)*theta "
                                    "(0 = publish the learner's weights as they are)", ge=0.0, lt=1.0)

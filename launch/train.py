@@ -15,6 +15,9 @@ launcher then names the checkpoint and how to resume (`--resume RUN`) and exits 
 get --stop-grace-s (60 s by default) for that; a second Ctrl-C, or a learner still running after
 the grace period, kills the run, which then resumes from its last complete checkpoint. With
 --hostfile the ranks on other machines are out of the launcher's reach: a stop kills the run.
+A learner that ends non-zero (non-finite training, a final checkpoint not written, ...) ends the
+run with its exit code; the launcher then names the newest complete checkpoint and the step it
+holds (from its completion marker: where a resume continues, not where the run stopped).
 
 Each child runs in its own session, so a stop reaches its whole tree, and gets a parent-death
 signal: a launcher killed with SIGKILL takes every process of the run with it within seconds
@@ -76,9 +79,15 @@ def run(args) -> int:
 
 def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
     run_dir = run_dir_of_config(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
     resolved = run_dir / "launch_config.yaml"
-    resolved.write_text(to_yaml(cfg))
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        resolved.write_text(to_yaml(cfg))
+    except OSError as e:
+        print(f"asyncvla: cannot write the run directory {run_dir}: {type(e).__name__}: {e}; it is "
+              "logging.output_dir/logging.experiment_name: set logging.output_dir to a writable place",
+              file=sys.stderr, flush=True)
+        return 2
     children = Children()
     stop = StopRequests()
     # (each learner rank pins itself to its slice: learner/main.py; an actor applies what it is given)
@@ -127,6 +136,9 @@ def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
             _wait_all(list(actors.values()), timeout=20.0, stop=stop)
             if evaluator is not None:   # ... and the evaluator its last evaluation
                 _wait_all([evaluator], timeout=cfg.eval.final_eval_timeout_s, stop=stop)
+        else:
+            print(f"asyncvla: the learner exited with {learner.returncode} (see its error above); "
+                  f"{resume_hint(run_dir)}", file=sys.stderr, flush=True)
         return learner.returncode
     finally:
         children.stop_all()
@@ -158,17 +170,33 @@ def stop_learner(cfg: Config, run_dir: Path, learner, actors: list, evaluator, c
             asked.add(pid)
         time.sleep(0.5)
     if learner.returncode != 0:
-        print(f"asyncvla: the learner exited with {learner.returncode} while stopping", file=sys.stderr, flush=True)
+        print(f"asyncvla: the learner exited with {learner.returncode} while stopping; {resume_hint(run_dir)}",
+              file=sys.stderr, flush=True)
         return learner.returncode
     _wait_all(actors, timeout=20.0, stop=stop)        # they end on the learner's "shutdown"
-    from asyncvla.learner.checkpoint import find_latest    # (torch: imported only when needed)
-    latest = find_latest(run_dir)
+    latest = newest_checkpoint(run_dir)
     if latest is None:
         print("asyncvla: stopped before the first update: no checkpoint to resume from", flush=True)
     else:
-        print(f"asyncvla: stopped; final checkpoint {latest}; to continue, run the same command with "
-              f"--resume {run_dir}", flush=True)
+        print(f"asyncvla: stopped; final checkpoint {latest[0]}; it holds step {latest[1]}; to continue, run "
+              f"the same command with --resume {run_dir}", flush=True)
     return 0
+
+
+def newest_checkpoint(run_dir: Path) -> tuple[Path, int] | None:
+    """(path, step) of the run's newest complete checkpoint, the step read from its completion
+    marker (what a resume continues from, not where the run stopped), or None."""
+    from asyncvla.learner.checkpoint import find_latest, read_marker    # (torch: imported only when needed)
+    latest = find_latest(run_dir)
+    return None if latest is None else (latest, int(read_marker(latest)["step"]))
+
+
+def resume_hint(run_dir: Path) -> str:
+    latest = newest_checkpoint(run_dir)
+    if latest is None:
+        return "no complete checkpoint to resume from"
+    return (f"newest complete checkpoint: {latest[0]}; it holds step {latest[1]}; to continue from it: "
+            f"--resume {run_dir}")
 
 
 def learner_ranks(runner_pid: int) -> list[int]:

@@ -15,7 +15,10 @@ and pointer leaves them one save behind). The checkpoints folder must be on a fi
 sees (as DeepSpeed's own loading assumes).
 
 A save that cannot be written (disk full, no permission: on any rank) does not end the run: every
-rank learns of it, the partial tag is deleted and `save` returns None; the next save tries again.
+rank learns of it, the partial tag is deleted and `save` returns None; the next save tries again
+(the learner counts these, and ends non-zero when its final save fails). The error reported is the
+system's own (`explain_write_error`); `probe_writable` lets the learner refuse to start where no
+checkpoint could ever be written.
 
 client_state (step, version, env steps, EMA, config) is stored under one key of DeepSpeed's state
 file, so `load` hands it back without DeepSpeed's own keys; every rank's random generators under
@@ -152,8 +155,8 @@ def _failed(tag_dir: Path, rank: int, problem: str) -> None:
         latest = _complete_tags(tag_dir.parent)
         with contextlib.suppress(OSError):
             problem += f"; {shutil.disk_usage(tag_dir.parent).free / 1e9:.2f} GB free there"
-        log.error("checkpoint %s NOT saved (%s); deleted what was written, training goes on, the next "
-                  "save tries again; newest complete checkpoint: %s", tag_dir, problem,
+        log.error("checkpoint %s NOT saved (%s); deleted what was written (a periodic save: training goes on, "
+                  "the next save tries again); newest complete checkpoint: %s", tag_dir, problem,
                   latest[-1].name if latest else "none")
     return None
 
@@ -169,7 +172,7 @@ def _write_errors_kept(engine, errors: list):
             try:
                 return write(*args, **kwargs)
             except (OSError, RuntimeError) as e:
-                errors.append(_first_line(e))
+                errors.append(explain_write_error(e))
         return call
 
     # every shard and states file; rank 0's copy of zero_to_fp32.py
@@ -185,6 +188,38 @@ def _write_errors_kept(engine, errors: list):
                 delattr(obj, name)                  # the class's method again
             else:
                 setattr(obj, name, own)
+
+
+_NO_PARENT = re.compile(r"Parent directory (.+) does not exist\.?$")
+
+
+def explain_write_error(e: Exception) -> str:
+    """The first line of a failed write, with the system's own reason where torch.save hides it:
+    when DeepSpeed could not make a tag's folder (read-only, not a directory, ...) it only logs
+    that, and torch.save then reports "Parent directory ... does not exist". Making that folder
+    here gives the real error."""
+    text = _first_line(e)
+    missing = _NO_PARENT.search(text)
+    if missing is None:
+        return text
+    try:
+        os.makedirs(missing.group(1), exist_ok=True)
+    except OSError as real:
+        return f"{type(real).__name__}: {real}"
+    return text
+
+
+def probe_writable(root) -> str | None:
+    """None when a file can be written (and synced) in `root`, made if missing; else the system's
+    reason. Each process writes its own probe file, which it removes."""
+    probe = Path(root) / f".write_probe.{os.getpid()}"
+    try:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        _write_atomic(probe, "asyncvla write probe\n")
+        probe.unlink()
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def _rng_states(engine, rank: int, world: int) -> dict:

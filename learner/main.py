@@ -13,6 +13,14 @@ weight server. The loop, once per update:
 At the end — by the budget, or by SIGTERM/SIGINT (`asyncvla train` forwards Ctrl-C as SIGTERM),
 which every rank notices at the same update boundary — a final checkpoint, then a "shutdown"
 to the actors.
+
+Finite or stop: an optimizer step with a non-finite loss or gradient norm is skipped and counted
+(update.FiniteGuard); learner.max_nonfinite_steps of them in a row end the run. Before every
+publish and every save the trainable weights, and the policy's outputs on the batch just trained
+on, are checked: non-finite ones are never served nor saved, and count as a non-finite step (the
+step that made them). Such an end (without a final save: the newest complete checkpoint stays the
+one to resume from), or a final checkpoint that could not be written, exits non-zero after one line
+saying why. Checkpoints must be writable from the start: every rank tries before anything is built.
 """
 
 from __future__ import annotations
@@ -31,13 +39,13 @@ from asyncvla.common.allocator import keep_freed_buffers
 from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides, to_dict, to_yaml
 from asyncvla.common.policy import VLAPolicy
 from asyncvla.common.protocol import SegmentSpec
-from asyncvla.common.rundir import run_dir as run_dir_of_config
+from asyncvla.common.rundir import CHECKPOINTS, run_dir as run_dir_of_config
 from asyncvla.common.signals import stop_on_signals
 from asyncvla.learner import checkpoint, engine as ds_engine
 from asyncvla.learner.ingest import Inbox, rollout_plan
 from asyncvla.learner.metrics import Metrics, group, write_accounting
-from asyncvla.learner.publish import EmaPublisher, Publisher
-from asyncvla.learner.update import update
+from asyncvla.learner.publish import EmaPublisher, Publisher, trainable_finite
+from asyncvla.learner.update import FiniteGuard, NonFiniteError, outputs_finite, update
 
 log = logging.getLogger("asyncvla.learner")
 
@@ -64,6 +72,7 @@ def run(cfg: Config) -> int:
     rank, world, device = dist.get_rank(), dist.get_world_size(), _device()
     cols = _check_geometry(cfg, world)                 # trajectory columns per rank and update
     run_dir, resume_from = run_dir_of_config(cfg), _resume_point(cfg)
+    _check_writable(run_dir / CHECKPOINTS)
     engine, policy_dir = _build_engine(cfg, run_dir, cols, device)
     step, version, env_steps, ema = _restore(engine, resume_from, cfg, rank)
     start_step = step
@@ -80,9 +89,15 @@ def run(cfg: Config) -> int:
     inbox = Inbox(receiver, cfg.learner.max_policy_lag, on_segment=metrics.add_segment,
                   watchdog=lambda: _check_alive(servers), count_gaps=world == 1)
     publisher = Publisher(ema, servers[1] if servers else None)
+    if not _weights_finite(engine, device):
+        raise SystemExit("asyncvla learner: the initial trainable weights are non-finite (policy.pretrained_path "
+                         "or the checkpoint resumed from holds NaN or inf)")
     # version 0 is the initial weights; a resumed run serves its checkpoint's EMA weights as saved
     publish_s = publisher.publish(engine, version, step) if resume_from is None else publisher.republish(version, step)
 
+    guard, save_failures = FiniteGuard(cfg.learner.max_nonfinite_steps), 0
+    failure = None                    # why the run ends non-zero
+    saved_at = start_step             # the step of the newest checkpoint of this run
     started = time.perf_counter()
     while step < cfg.learner.max_steps:
         t0 = time.perf_counter()
@@ -91,34 +106,53 @@ def run(cfg: Config) -> int:
             log.info("stop requested: ending at step %d", step)
             break
         t1 = time.perf_counter()
-        stats = update(engine, inbox.take(cols), cfg, device, step)
-        step += 1
+        batch = inbox.take(cols)
+        try:
+            stats = update(engine, batch, cfg, device, step, guard)
+            step += 1
+            publish_now = step % cfg.learner.publish_interval == 0
+            save_now = bool(cfg.checkpoint.save_interval) and step % cfg.checkpoint.save_interval == 0
+            unfit = _unfit(engine, batch, cfg, device) if publish_now or save_now else None
+            if unfit is not None:                # (the step made them so: it counts as non-finite)
+                publish_now = save_now = False
+                guard.after_step(step, False, f"{unfit}; neither published nor saved")
+        except NonFiniteError as e:              # (every rank: the verdicts are collective)
+            failure = str(e)
+            break
         t2 = time.perf_counter()
-        if step % cfg.learner.publish_interval == 0:
+        if publish_now:
             version += 1
             publish_s = publisher.publish(engine, version, step)
         scalars = {**group(stats), "time/learner_idle_s": t1 - t0, "time/learner_step_s": t2 - t1,
                    "time/publish_s": publish_s, "train/actor/lr": engine.get_lr()[0], "rollout/version": version,
+                   "system/nonfinite_steps": guard.skipped, "system/checkpoint_failures": save_failures,
                    "system/seq_gaps": inbox.seq_gaps}
         report = metrics.report(step, scalars, inbox.drops, samples=cols * cfg.actor.rollout_length * world,
                                 device=device, time_up=_time_up(cfg, started), rank0_only=_server_figures(servers))
-        if cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0:
-            _save(engine, run_dir, step, version, metrics.env_steps, ema, cfg)
+        if save_now:
+            if _save(engine, run_dir, step, version, metrics.env_steps, ema, cfg) is None:
+                save_failures += 1
+            else:
+                saved_at = step
             write_accounting(run_dir, step, inbox, servers)     # acked = trained + dropped + buffered
         if report["time_up"] or (cfg.learner.max_env_steps and metrics.env_steps >= cfg.learner.max_env_steps):
             break
 
     # (a run stopped before its first update has nothing new; re-saving the step it resumed from
-    # would replace the very checkpoint it stands on)
-    if step > start_step and (not cfg.checkpoint.save_interval or step % cfg.checkpoint.save_interval):
-        _save(engine, run_dir, step, version, metrics.env_steps, ema, cfg)
+    # would replace the very checkpoint it stands on. A periodic save of the last step that failed
+    # is tried once more.)
+    if failure is None and step != saved_at:
+        failure = _final_save(engine, batch, run_dir, step, version, metrics.env_steps, ema, cfg, device)
     write_accounting(run_dir, step, inbox, servers)
-    log.info("finished at step %d (version %d)", step, version)
+    if failure is not None and rank == 0:
+        log.error("stopped: %s", failure)
+    elif failure is None:
+        log.info("finished at step %d (version %d)", step, version)
     metrics.close()
     for closable in (*servers, inbox.receiver):
         closable.close()
     ds_engine.close_distributed()
-    return 0
+    return 0 if failure is None else 1
 
 
 # ----------------------------------------------------------------------------------- set-up
@@ -191,11 +225,48 @@ def _serve(cfg: Config, run_dir: Path, policy_dir: Path, endpoints: list, world:
 
 
 # --------------------------------------------------------------------------------- helpers
-def _save(engine, run_dir, step, version, env_steps, ema, cfg) -> None:
-    # save() adds every rank's RNG state; a save that fails is logged there and training goes on
+def _save(engine, run_dir, step, version, env_steps, ema, cfg) -> Path | None:
+    """The checkpoint's tag dir, or None when it failed (logged by save(), the same on every rank)."""
+    # save() adds every rank's RNG state
     state = {"step": step, "version": version, "env_steps": env_steps,
              "config": to_dict(cfg), "ema": ema.state_dict() if ema is not None else None}
-    checkpoint.save(engine, run_dir, step, state, keep_last=cfg.checkpoint.keep_last)
+    return checkpoint.save(engine, run_dir, step, state, keep_last=cfg.checkpoint.keep_last)
+
+
+def _final_save(engine, batch, run_dir, step, version, env_steps, ema, cfg, device) -> str | None:
+    """Save the last update's state (`batch`: its data); None, or why the run must end non-zero."""
+    unfit = _unfit(engine, batch, cfg, device)
+    if unfit is not None:
+        return f"update {step}: {unfit}; not saved"
+    if _save(engine, run_dir, step, version, env_steps, ema, cfg) is None:
+        return f"the final checkpoint (update {step}) could not be written (see the error above)"
+    return None
+
+
+def _unfit(engine, batch, cfg, device) -> str | None:
+    """None when the weights may be served and saved, else what is wrong with them (collectives:
+    every rank calls it)."""
+    if not _weights_finite(engine, device):
+        return "the trainable weights are non-finite"
+    if not outputs_finite(engine, batch, cfg, device):
+        return "the policy's outputs on its last batch are non-finite (its weights are finite)"
+    return None
+
+
+def _weights_finite(engine, device) -> bool:
+    """Every rank's part of the trainable weights is finite (a collective: all ranks call it)."""
+    return not _any_rank(not trainable_finite(engine), device)
+
+
+def _check_writable(root: Path) -> None:
+    """Stop at start-up, with the system's own reason, where this run could never save: every rank
+    writes its shard of each checkpoint (all ranks agree, so none is left waiting)."""
+    problems = _all_gather(checkpoint.probe_writable(root))
+    bad = next(((r, p) for r, p in enumerate(problems) if p), None)
+    if bad is not None:
+        raise SystemExit(f"asyncvla learner: checkpoints cannot be written in {root} (rank {bad[0]}): {bad[1]}; "
+                         "they go to RUN/checkpoints, RUN = logging.output_dir/logging.experiment_name (or "
+                         "checkpoint.resume's run): set logging.output_dir to a writable place")
 
 
 def _check_geometry(cfg: Config, world: int) -> int:

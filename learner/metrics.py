@@ -38,7 +38,9 @@ GROUPS = {
 # How a scalar combines over ranks: summed counts, maxima; everything else is the ranks' mean.
 SUMMED = ("segments", "lag_sum", "episodes", "return_sum", "length_sum", "success_sum", "env_steps",
           "dropped_stale", "dropped_future_version", "dropped_duplicate", "dropped_invalid", "system/seq_gaps")
-MAXED = ("lag_max", "train/actor/ratio_max", "actors_seen", "time_up")
+# (every rank sees the same skipped steps and failed saves: the ranks agree on both)
+MAXED = ("lag_max", "train/actor/ratio_max", "actors_seen", "time_up", "system/nonfinite_steps",
+         "system/checkpoint_failures")
 ACCOUNTING_DIR = "accounting"
 
 log = logging.getLogger("asyncvla.learner")

@@ -55,6 +55,17 @@ def gather_trainable(model, *, all_ranks: bool = False,
     return out if keep else None
 
 
+def trainable_finite(model) -> bool:
+    """True when this rank's part of every trainable parameter is free of NaN and inf (under ZeRO-3
+    its partition, `ds_tensor`; otherwise the whole tensor). No collective."""
+    for p in unwrap(model).parameters():
+        if p.requires_grad:
+            local = getattr(p, "ds_tensor", None)
+            if not torch.isfinite(p.data if local is None else local).all():
+                return False
+    return True
+
+
 def unwrap(model) -> nn.Module:
     """The user's module inside a DeepSpeed engine (whose own names carry a 'module.' prefix)."""
     return model.module if hasattr(model, "module") and isinstance(model.module, nn.Module) else model

@@ -7,7 +7,10 @@ padding of the truncation bootstrap observations to the largest count of any ran
 
 from __future__ import annotations
 
+import logging
+import math
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -20,6 +23,8 @@ from asyncvla.learner.ingest import Batch
 from asyncvla.learner.loss import ppo_loss_from_config
 from asyncvla.learner.vtrace import bootstrap_truncated, chunk_rewards, vtrace
 
+log = logging.getLogger("asyncvla.learner")
+
 
 def step_discount(cfg: Config) -> float:
     """Discount between two policy steps. With action-level rewards γ is per env step and a policy
@@ -28,13 +33,84 @@ def step_discount(cfg: Config) -> float:
     return g ** cfg.policy.num_action_chunks if cfg.algorithm.reward_type == "action_level" else g
 
 
-def update(engine, batch: Batch, cfg: Config, device: torch.device, step: int = 0) -> dict:
+def update(engine, batch: Batch, cfg: Config, device: torch.device, step: int = 0,
+           guard: "FiniteGuard | None" = None) -> dict:
     """Targets without gradient, then `update_epochs` passes of PPO over `num_minibatches`
-    minibatches. `step` (the update's number) seeds the minibatch order."""
+    minibatches. `step` (the number of updates before this one) seeds the minibatch order;
+    `guard` sees every optimizer step (and raises NonFiniteError to stop the run)."""
     targets = compute_targets(engine, batch, cfg, device)
-    stats = ppo_epochs(engine, batch, targets, cfg, device, seed=cfg.actor.seed * 1_000_003 + step)
+    stats = ppo_epochs(engine, batch, targets, cfg, device, seed=cfg.actor.seed * 1_000_003 + step,
+                       guard=guard, update_number=step + 1)
     stats.update(targets["stats"])
     return stats
+
+
+# ------------------------------------------------------------------------------- finite or stop
+class NonFiniteError(RuntimeError):
+    """Optimizer steps were non-finite too many times in a row: the run must stop."""
+
+
+@dataclass
+class FiniteGuard:
+    """Optimizer steps whose loss or gradient norm was non-finite. DeepSpeed's ZeRO optimizers
+    skip a step whose global gradient norm is non-finite (a non-finite loss is made to give one:
+    `poisoned`), so the weights stay as they were; `max_in_a_row` such steps in a row raise
+    NonFiniteError. The verdict rests on the global norm, so every rank reaches the same one."""
+    max_in_a_row: int
+    skipped: int = 0            # non-finite steps in the run so far
+    in_a_row: int = 0
+
+    def after_step(self, update_number: int, finite: bool, what: str) -> None:
+        if finite:
+            self.in_a_row = 0
+            return
+        self.skipped += 1
+        self.in_a_row += 1
+        if self.in_a_row >= self.max_in_a_row:
+            raise NonFiniteError(f"update {update_number}: {self.in_a_row} optimizer steps in a row were "
+                                 f"non-finite (last: {what}); learner.max_nonfinite_steps={self.max_in_a_row}. "
+                                 "Lower learner.lr / learner.value_lr or check the rewards")
+        log.warning("update %d: optimizer step skipped: %s (%d in a row, stop at %d)", update_number, what,
+                    self.in_a_row, self.max_in_a_row)
+
+
+def poisoned(loss: torch.Tensor) -> torch.Tensor:
+    """What to back-propagate for a non-finite loss: it times NaN, so that every gradient it reaches
+    is NaN and the optimizer's global norm check skips the step on every rank (an inf loss may
+    otherwise give finite gradients, and a NaN one NaN gradients only where it came from)."""
+    return loss * float("nan")
+
+
+def step_verdict(losses_finite: bool, loss_text: str, grad_norm, device) -> tuple[bool, str]:
+    """(finite, what was not) of the optimizer step just taken, the same on every rank: the global
+    gradient norm decides; where the engine keeps none, the ranks' loss checks do (one collective)."""
+    if grad_norm is None:
+        flag = torch.tensor([0 if losses_finite else 1], device=device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        finite = not flag.item()
+    else:
+        finite = math.isfinite(float(grad_norm))
+    if finite:
+        return True, ""
+    return False, f"loss {loss_text}" if not losses_finite else "gradient norm non-finite"
+
+
+@torch.no_grad()
+def outputs_finite(engine, batch: Batch, cfg: Config, device) -> bool:
+    """Whether the policy, as the last optimizer step left it, gives finite log-probs and values
+    on this rank's batch (its first step's observations) on every rank: finite weights can still
+    overflow the forward pass, and actors served them would sample from NaN. A collective (one
+    forward pass and one all-reduce on every rank)."""
+    a = batch.arrays
+    rows = slice(0, min(a["action_tokens"].shape[1], cfg.learner.micro_batch_size))
+    obs = {k: a[k][0, rows] for k in OBS_FIELDS if k in a}
+    out = engine(*_inputs(obs, a["action_tokens"][0, rows], device), cfg.algorithm.logprob_type)
+    bad = torch.tensor([0 if bool(torch.isfinite(out.logprobs).all() and torch.isfinite(out.values).all())
+                        else 1], device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return not bad.item()
 
 
 # ------------------------------------------------------------------------------------ targets
@@ -93,9 +169,11 @@ def compute_targets(engine, batch: Batch, cfg: Config, device) -> dict:
 
 
 # --------------------------------------------------------------------------------------- PPO
-def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device, seed: int = 0) -> dict:
+def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device, seed: int = 0,
+               guard: FiniteGuard | None = None, update_number: int = 0) -> dict:
     """`update_epochs` passes over the batch in `num_minibatches` shuffled minibatches (the order
-    from `seed`; each rank shuffles its own columns, only the number of passes must match)."""
+    from `seed`; each rank shuffles its own columns, only the number of passes must match). After
+    each minibatch's optimizer step `guard` (if any) learns whether it was finite."""
     a = batch.arrays
     T, N = a["action_tokens"].shape[:2]
     obs = {k: _flat(a[k][:T]) for k in OBS_FIELDS if k in a}
@@ -112,6 +190,7 @@ def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device, seed: i
             # Normalise advantages over the whole minibatch, not per micro batch.
             adv = flat["advantages"][torch.from_numpy(mb).to(device)]
             adv_stats = (adv.mean(), adv.std(unbiased=False))
+            losses_finite, loss_text = True, ""
             for sl in micro:
                 idx = mb[sl]
                 out = engine(*_inputs({k: v[idx] for k, v in obs.items()}, tokens[idx], device),
@@ -125,18 +204,27 @@ def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device, seed: i
                     entropy=out.entropy.float(), rhos=flat["rhos"][t_idx], advantage_stats=adv_stats)
                 # DeepSpeed divides by gradient_accumulation_steps (= len(micro)); re-weight uneven
                 # micro batches so the minibatch loss is the mean over its samples.
-                engine.backward(loss * (len(idx) * len(micro) / len(mb)))
+                finite = bool(torch.isfinite(loss.detach()).item())
+                if not finite and losses_finite:
+                    losses_finite, loss_text = False, f"{loss.item():.3g}"
+                engine.backward((loss if finite else poisoned(loss)) * (len(idx) * len(micro) / len(mb)))
                 engine.step()
                 ratio_max = max(ratio_max, stats.pop("ratio_max"))
                 for k, v in stats.items():
                     sums[k] += v
                 count += 1
+            if guard is not None:        # (the last micro batch's step() was the optimizer step)
+                guard.after_step(update_number, *step_verdict(losses_finite, loss_text, _grad_norm(engine), device))
     out = {k: v / count for k, v in sums.items()}
     out["ratio_max"] = ratio_max
-    gn = engine.get_global_grad_norm() if hasattr(engine, "get_global_grad_norm") else None
+    gn = _grad_norm(engine)
     if gn is not None:
         out["grad_norm"] = float(gn)
     return out
+
+
+def _grad_norm(engine):
+    return engine.get_global_grad_norm() if hasattr(engine, "get_global_grad_norm") else None
 
 
 # ----------------------------------------------------------------------------------- helpers

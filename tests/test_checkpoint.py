@@ -191,6 +191,22 @@ def test_make_room_deletes_ahead_only_when_the_next_save_would_not_fit(tmp_path,
     assert names() == ["step_00000003"]
 
 
+def test_a_failed_write_reports_the_system_s_reason_not_torch_s_guess(tmp_path):
+    """torch.save says "Parent directory ... does not exist" for any folder it cannot use (DeepSpeed
+    only logs why it could not make it); the error a save reports is the system's own. Here a
+    regular file stands where a folder must go, which fails for root too."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(RuntimeError, match="Parent directory") as e:
+        torch.save({"w": torch.zeros(1)}, str(blocker / "step_00000001" / "states.pt"))
+    text = ck.explain_write_error(e.value)
+    assert text.startswith("NotADirectoryError") and str(blocker) in text, text
+    assert ck.explain_write_error(OSError(28, "No space left on device")) == "OSError: [Errno 28] No space left on device"
+    assert ck.probe_writable(blocker / "checkpoints").startswith("NotADirectoryError")
+    ok = tmp_path / "run" / "checkpoints"
+    assert ck.probe_writable(ok) is None and ok.is_dir() and not list(ok.iterdir())     # made, probe gone
+
+
 # ---------------------------------------------------------------------- real DeepSpeed ranks
 def _mount_tiny_disk(path: Path):
     """A 4 MiB tmpfs at `path`, or the reason there is none."""

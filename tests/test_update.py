@@ -54,3 +54,36 @@ def test_report_combines_every_rank_and_holds_no_growing_state(ranks):
     assert last[0]["time_up"] == 0 and rep["time_up"] == 1               # rank 1's budget stops both
     for r in ranks:
         assert len(set(r["sizes"])) == 1, r["sizes"][:5]                 # flat over 200 updates
+
+
+def test_finite_guard_counts_skipped_steps_and_stops_on_the_nth_in_a_row():
+    from asyncvla.learner.update import FiniteGuard, NonFiniteError
+
+    guard = FiniteGuard(max_in_a_row=3)
+    for finite in (False, False, True, False, False):     # a finite step resets the run of bad ones
+        guard.after_step(7, finite, "" if finite else "loss nan")
+    assert guard.skipped == 4 and guard.in_a_row == 2
+    with pytest.raises(NonFiniteError) as e:
+        guard.after_step(8, False, "gradient norm non-finite")
+    assert str(e.value).startswith("update 8: 3 optimizer steps in a row were non-finite (last: gradient norm")
+    assert "learner.max_nonfinite_steps=3" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_non_finite_loss_back_propagates_nan_everywhere_it_reaches():
+    """An inf loss can give finite gradients (here: a sum with an inf constant); poisoned, every
+    gradient is NaN, so the optimizer's global norm check skips the step."""
+    import torch
+
+    from asyncvla.learner.update import poisoned, step_verdict
+
+    w = torch.ones(3, requires_grad=True)
+    loss = (w * 2).sum() + float("inf")
+    loss.backward(retain_graph=True)
+    assert torch.isfinite(w.grad).all()                  # the hazard: the step would be taken
+    w.grad = None
+    poisoned(loss).backward()
+    assert torch.isnan(w.grad).all()
+    assert step_verdict(False, "inf", float("inf"), "cpu") == (False, "loss inf")
+    assert step_verdict(True, "", float("nan"), "cpu") == (False, "gradient norm non-finite")
+    assert step_verdict(True, "", 0.5, "cpu") == (True, "")
+    assert step_verdict(False, "nan", None, "cpu") == (False, "loss nan")      # no norm kept: the losses decide
