@@ -26,6 +26,7 @@ def make_segment(spec: SegmentSpec | None = None, B: int = 8, seq: int = 0, acto
     that a learner's servers in this process (without CURVE) give `actor_id` (common/auth.py)."""
     spec = spec or make_spec(B=B)
     rng = rng if rng is not None else np.random.default_rng(seq)
+    episodes = min(episodes, spec.num_steps * B)     # an env ends at most one episode per policy step
     T, H, L, N, K, S = spec.num_steps, spec.image_size, spec.instruction_len, spec.num_tokens, \
         spec.num_action_chunks, spec.state_dim
     terminated = np.zeros((T, B), np.uint8)
