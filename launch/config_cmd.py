@@ -33,5 +33,13 @@ def run(args) -> int:
     except ConfigError as e:
         print(f"asyncvla: config error: {e}", file=sys.stderr)
         return 2
+    from asyncvla.common import preflight
+    found = preflight.problems(config, ports=False)
+    for line in found:
+        print(f"asyncvla: config error: {line}", file=sys.stderr)
+    if found:
+        return 2
     print(to_yaml(config), end="")
+    for line in preflight.busy_ports(config):     # free or not right now: a note, not an error
+        print(f"asyncvla: note: {line}", file=sys.stderr)
     return 0

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from asyncvla.common import placement
+from asyncvla.common import placement, preflight
 from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides, to_yaml
 from asyncvla.common.rundir import run_dir as run_dir_of_config
 from asyncvla.common.signals import LAUNCHER_PID_ENV, descendants, die_with_parent, python_module
@@ -73,6 +73,11 @@ def run(args) -> int:
         cfg = load_config(args.config, overrides)
     except ConfigError as e:
         print(f"asyncvla: config error: {e}", file=sys.stderr)
+        return 2
+    found = preflight.problems(cfg)
+    for line in found:
+        print(f"asyncvla: cannot start: {line}", file=sys.stderr)
+    if found:
         return 2
     return launch(cfg, args.stop_grace_s)
 

@@ -1,0 +1,108 @@
+"""Checks that need no DeepSpeed, made before any rank starts: each problem as one line naming the key.
+
+    problems = preflight.problems(cfg, ports=True)   # [] when the run can start
+
+`asyncvla train` stops on any of them before the launcher spends ~10 s starting ranks that would
+fail inside a traceback; `asyncvla config` reports the same (ports as a note: they are free or not
+at the moment it runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+from asyncvla.common.config import Config
+
+# model_type of the Hugging Face VLMs policy.pretrained_path may name (vision_model + connector +
+# text_model + lm_head), and the file a saved policy holds.
+SUPPORTED_MODEL_TYPES = ("idefics3", "smolvlm")
+POLICY_FILE = "policy.json"
+
+
+def problems(cfg: Config, ports: bool = True) -> list[str]:
+    out = _pretrained(cfg.policy.pretrained_path) + _keys(cfg)
+    if ports:
+        out += busy_ports(cfg)
+    return out
+
+
+def _pretrained(path: str | None) -> list[str]:
+    if not path:
+        return []
+    key = f"policy.pretrained_path={path!r}"
+    if not os.path.isdir(path):
+        return [f"{key}: no such directory"]
+    if os.path.isfile(os.path.join(path, POLICY_FILE)):           # a policy saved by save_pretrained
+        try:
+            json.loads(open(os.path.join(path, POLICY_FILE)).read())
+        except (OSError, ValueError) as e:
+            return [f"{key}: {POLICY_FILE} is not readable JSON ({e})"]
+        return []
+    from asyncvla.common.policy.backbone import check_backbone_dir
+    try:
+        check_backbone_dir(path)
+    except FileNotFoundError as e:
+        return [f"{key}: {e} (expected a policy saved by asyncvla or a Hugging Face VLM directory)"]
+    try:
+        model_type = json.loads(open(os.path.join(path, "config.json")).read()).get("model_type")
+    except (OSError, ValueError) as e:
+        return [f"{key}: config.json is not readable JSON ({e})"]
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return [f"{key}: holds a {model_type!r} model; supported: {', '.join(SUPPORTED_MODEL_TYPES)} "
+                "(vision_model + connector + text_model + lm_head) or a policy saved by asyncvla"]
+    return []
+
+
+def _keys(cfg: Config) -> list[str]:
+    if not cfg.transport.keys_dir:
+        return []
+    from asyncvla.common.sockets import client_keys, server_keys
+    try:
+        server_keys(cfg.transport.keys_dir)
+        if cfg.launch.num_local_actors:         # local actors take the directory's first client bundle
+            client_keys(cfg.transport.keys_dir)
+    except Exception as e:                      # TransportError, or a malformed key file
+        return [str(e)]
+    return []
+
+
+def run_ports(cfg: Config) -> dict[str, int]:
+    """The ports this machine's learner binds, by key (rank r pulls on trajectory_port + r)."""
+    t, ranks = cfg.transport, cfg.launch.num_learner_ranks
+    out = {"transport.control_port": t.control_port, "transport.weights_port": t.weights_port,
+           "launch.master_port": cfg.launch.master_port}
+    for r in range(ranks):
+        out[f"transport.trajectory_port (+{r})" if r else "transport.trajectory_port"] = t.trajectory_port + r
+    return out
+
+
+def busy_ports(cfg: Config) -> list[str]:
+    """Ports of run_ports() another process holds on this machine (not checked with a hostfile:
+    the ranks bind on other hosts)."""
+    if cfg.launch.hostfile:
+        return []
+    out, seen = [], {}
+    for key, port in run_ports(cfg).items():
+        if port in seen:
+            out.append(f"{key}={port}: the same port as {seen[port]}; give each its own")
+            continue
+        seen[port] = key
+        host = "127.0.0.1" if key == "launch.master_port" else cfg.transport.bind_host
+        reason = _bind_error(host, port)
+        if reason:
+            out.append(f"{key}={port}: cannot bind {host}:{port} ({reason}); another run may hold it, "
+                       "choose another port")
+    return out
+
+
+def _bind_error(host: str, port: int) -> str | None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as a listener binds: TIME_WAIT is no conflict
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None

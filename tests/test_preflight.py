@@ -1,0 +1,80 @@
+"""Checks before any rank starts (common/preflight.py): a bad pretrained directory, CURVE keys or a
+port another process holds stop `asyncvla train` in about a second with one line naming the key,
+instead of a rank's traceback after DeepSpeed's start-up; `asyncvla config` refuses the same paths."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncvla.common import preflight
+from asyncvla.common.config import load_config
+from tests.ports import run_port_overrides
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = str(REPO / "configs" / "pixel_task.yaml")
+
+
+def cli(*args, timeout=120):
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", *args], capture_output=True, text=True,
+                       timeout=timeout)
+    return r, time.monotonic() - t0
+
+
+def test_pretrained_directory_problems_name_the_key(tmp_path):
+    (tmp_path / "empty").mkdir()
+    other = tmp_path / "llava"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "llava"}))
+    (other / "model.safetensors").write_bytes(b"")
+    (other / "tokenizer.json").write_text("{}")
+    for path, words in ((tmp_path / "nope", "no such directory"), (tmp_path / "empty", "config.json"),
+                        (other, "holds a 'llava' model; supported: idefics3, smolvlm")):
+        found = preflight.problems(load_config(CONFIG, [f"policy.pretrained_path={path}"]), ports=False)
+        assert len(found) == 1 and "policy.pretrained_path=" in found[0] and words in found[0], found
+
+
+def test_a_held_port_stops_train_before_any_rank_starts(tmp_path):
+    overrides = run_port_overrides()
+    port = int(next(o for o in overrides if o.startswith("transport.weights_port=")).split("=")[1])
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port))
+    holder.listen()
+    try:
+        r, took = cli("train", CONFIG, *overrides, f"logging.output_dir={tmp_path}", "learner.max_steps=1")
+    finally:
+        holder.close()
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert err == [e for e in err if e.startswith("asyncvla: cannot start: ")] and len(err) == 1, err
+    assert f"transport.weights_port={port}" in err[0] and "in use" in err[0].lower(), err
+    assert not (tmp_path / "pixel_task" / "checkpoints").exists()        # nothing was started
+    print(f"refused in {took:.1f} s")
+
+
+def test_the_same_port_twice_and_missing_keys_are_refused(tmp_path):
+    cfg = load_config(CONFIG, ["transport.control_port=6001", "transport.weights_port=6001",
+                               f"transport.keys_dir={tmp_path}"])
+    found = preflight.problems(cfg)
+    assert any("transport.weights_port=6001: the same port as transport.control_port" in f for f in found), found
+    assert any("transport.keys_dir=" in f and "asyncvla keygen" in f for f in found), found
+
+
+def test_config_command_refuses_a_bad_path_and_notes_a_busy_port(tmp_path):
+    r, _ = cli("config", CONFIG, f"policy.pretrained_path={tmp_path / 'nope'}")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"asyncvla: config error: policy.pretrained_path='{tmp_path / 'nope'}': no such directory"]
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    try:
+        port = holder.getsockname()[1]
+        r, _ = cli("config", CONFIG, f"launch.master_port={port}")
+    finally:
+        holder.close()
+    assert r.returncode == 0 and f"note: launch.master_port={port}" in r.stderr, r.stderr
