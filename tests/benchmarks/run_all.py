@@ -6,7 +6,9 @@ Runs the benchmarks below in turn (each module's docstring says what it measures
 prints ONE table of figures with the goals of issue #9 and whether each is met, and writes
 OUT/bench.json: the environment (hardware, load, versions, commit), each benchmark's wall time
 and the CPU other work took meanwhile, the figures and every raw result. A benchmark that fails
-is reported in the table and the JSON, the others still run, and the exit status is 1. Full mode
+is reported in the table and the JSON, the others still run, and the exit status is 1. With the
+default --out, docs/results.md and the README's Results table are regenerated from it last
+(tests/benchmarks/results_page.py). Full mode
 takes ~2 hours on 2 cores, ~90 minutes of them the learning benchmark (4 arms x 3 seeds on the
 modelled cost profile; `python -m tests.benchmarks.learning --profile plain` runs the plain one)
 and 12 the fault suite (faults: every attack of the reliability issue on a real run, its table
@@ -25,7 +27,7 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-from tests.benchmarks import report
+from tests.benchmarks import report, results_page
 
 DEFAULT = ("async_sync", "weight_publish", "transport", "actor_scaling", "learner_scaling", "learning", "multinode",
            "faults")
@@ -70,6 +72,8 @@ def main() -> int:
     report.write_json(out, {"environment": env, "quick": args.quick, "wall_s": wall, "cpu": cpu,
                             "figures": [asdict(f) for f in figures], "results": results})
     print(f"total {wall / 60:.1f} min; wrote {out}")
+    if Path(args.out).resolve() == (report.ROOT / "bench_results").resolve():   # the default: the docs follow
+        results_page.write(Path(args.out), report.ROOT / "README.md", report.ROOT / "docs")
     return 1 if any("error" in r for r in results.values()) else 0
 
 
