@@ -2,7 +2,7 @@
 PYTHON  ?= python3
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
-CONFIG  ?= configs/quickstart.yaml
+CONFIG  ?= configs/pixel_task.yaml
 STAMP   := $(VENV)/.installed
 # pytest options, e.g. `make test PYTEST_ARGS="-k transport"`
 PYTEST_ARGS ?=
@@ -23,8 +23,10 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
 	@touch $@
 
+# Demonstrations -> SFT -> asynchronous RL, each stage cached in runs/<experiment>: a second call
+# continues where the first stopped. ManiSkill: `make train CONFIG=configs/maniskill.yaml`.
 train: setup
-	$(VENV)/bin/asyncvla train $(CONFIG) $(ARGS)
+	$(VENV)/bin/asyncvla pipeline $(CONFIG) $(ARGS)
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

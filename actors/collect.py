@@ -80,6 +80,7 @@ def _run_round(env, demonstrate, D: int, noise: float, rng, reset_seed: int) -> 
     obs = env.reset(seed=reset_seed)
     instructions = list(env.instructions)
     frames = [[obs["image"][b]] for b in range(B)]
+    states = [[obs["state"][b]] for b in range(B)] if "state" in obs else None
     labels, executed, rewards, success = ([[] for _ in range(B)] for _ in range(4))
     active = np.ones(B, bool)
     while active.any():
@@ -89,8 +90,11 @@ def _run_round(env, demonstrate, D: int, noise: float, rng, reset_seed: int) -> 
         act[noisy] = rng.uniform(-1.0, 1.0, (int(noisy.sum()), 1, D)).astype(np.float32)
         step = env.step_chunk(act)
         for b in np.flatnonzero(active):
-            frames[b].append(step.obs["image"][b] if b not in step.done_index else
-                             step.final_obs["image"][list(step.done_index).index(b)])
+            seen = step.obs if b not in step.done_index else step.final_obs
+            row = b if b not in step.done_index else list(step.done_index).index(b)
+            frames[b].append(seen["image"][row])
+            if states is not None:
+                states[b].append(seen["state"][row])
             labels[b].append(label[b, 0])
             executed[b].append(act[b, 0])
             rewards[b].append(float(np.asarray(step.reward)[b].sum()))
@@ -100,7 +104,8 @@ def _run_round(env, demonstrate, D: int, noise: float, rng, reset_seed: int) -> 
     return [DemoEpisode(images=np.stack(frames[b]), actions=np.stack(labels[b]),
                         rewards=np.asarray(rewards[b], np.float32), success=np.asarray(success[b]),
                         instruction=instructions[b], seed=episode_seed(reset_seed, b, 0),
-                        executed_actions=np.stack(executed[b]) if noise > 0 else None)
+                        executed_actions=np.stack(executed[b]) if noise > 0 else None,
+                        states={"agent/state": np.stack(states[b])} if states is not None else None)
             for b in range(B)]
 
 

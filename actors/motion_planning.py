@@ -9,7 +9,8 @@
              them into env.control_mode (pd_ee_delta_pose) with RGB observations, replaying every
              converted episode and saving only those that still reach success.
 3. resize    the configured camera's frames to policy.image_size (as the env wrapper resizes
-             them), with the task's instruction and its seed: DemoEpisodes for common/demos.py.
+             them), with the robot's state (obs/agent, obs/extra), the task's instruction and its
+             seed: DemoEpisodes for common/demos.py.
 
 stats: attempted (plans tried), solved (plans that succeeded), converted (that replayed to
 success in the target control mode) and kept.
@@ -29,7 +30,7 @@ import numpy as np
 
 from asyncvla.actors.envs.base import resize_images
 from asyncvla.actors.envs.instructions import instruction_for
-from asyncvla.common.demos import DemoEpisode
+from asyncvla.common.demos import STATE_GROUPS, DemoEpisode
 
 PLAN_CONTROL_MODE = "pd_joint_pos"       # what ManiSkill's solutions command
 
@@ -48,12 +49,15 @@ def check_task(env_id: str) -> None:
 
 
 def collect_motion_planning(cfg, num_episodes: int, work_dir, seed: int = 0, num_procs: int = 2,
-                            progress: Optional[Callable[[int], None]] = None) -> tuple[list[DemoEpisode], dict]:
+                            progress: Optional[Callable[[int], None]] = None,
+                            say: Callable[[str], None] = print) -> tuple[list[DemoEpisode], dict]:
     check_task(cfg.env.id)
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     planned, attempted = _plan(cfg.env.id, num_episodes, work, seed, num_procs, progress)
     solved = len(read_meta(planned))          # the file also holds successes after the n-th
+    say(f"converting {solved} plans to {cfg.env.control_mode} with RGB observations (ManiSkill's replay "
+        f"tool, {num_procs} processes; about {solved * 4.3 / num_procs:.0f} s with CPU rendering)")
     converted_h5 = _convert(cfg, planned, num_procs)
     episodes = read_converted(converted_h5, cfg)[:num_episodes]
     return episodes, {"attempted": attempted, "solved": solved, "converted": len(read_meta(converted_h5)),
@@ -168,10 +172,23 @@ def read_converted(h5_path: Path, cfg) -> list[DemoEpisode]:
                 raise ValueError(f"env.camera={cfg.env.camera!r} is not in {h5_path} (cameras: {sorted(cameras)})")
             frames = np.asarray(cameras[cfg.env.camera]["rgb"][()])
             success = np.asarray(g["success"][()], bool)
+            states = {f"{group}/{name}": np.asarray(node[()], np.float32)
+                      for group in STATE_GROUPS if f"obs/{group}" in g
+                      for name, node in _leaves(g[f"obs/{group}"])}
             episodes.append(DemoEpisode(
                 images=resize_images(frames, cfg.policy.image_size),
                 actions=np.asarray(g["actions"][()], np.float32),
                 rewards=np.asarray(g["rewards"][()], np.float32) if "rewards" in g else None,
                 success=success, instruction=instruction, seed=rec.get("episode_seed"),
-                episode_id=len(episodes)))
+                episode_id=len(episodes), states=states))
     return episodes
+
+
+def _leaves(group, prefix: str = ""):
+    """(path, dataset) of every dataset under an HDF5 group, in name order."""
+    for name in sorted(group):
+        node = group[name]
+        if hasattr(node, "shape"):
+            yield prefix + name, node
+        else:
+            yield from _leaves(node, f"{prefix}{name}/")

@@ -9,6 +9,10 @@ ManiSkill's own tools (motion planning, `replay_trajectory`) load here too:
     trajectory.h5
       traj_<id>/
         obs/sensor_data/<camera>/rgb   uint8 [T+1, H, W, 3]  the reset observation, then one per step
+        obs/agent/*, obs/extra/*       float32 [T+1, ...]    the robot's own state (optional; e.g.
+                                                             qpos, qvel, tcp_pose): with
+                                                             env.use_proprio its leaves, agent then
+                                                             extra, each in name order, are the state
         actions                        float32 [T, D]        what was executed
         rewards                        float32 [T]           (optional)
         terminated, truncated, success bool [T]              (success optional)
@@ -53,6 +57,7 @@ class DemoEpisode:
     seed: Optional[int]
     episode_id: int = 0
     executed_actions: Optional[np.ndarray] = None   # float32 [T, D] where they differ from the labels
+    states: Optional[dict] = None  # {"agent/qpos": float32 [T+1, n], ...}: ManiSkill's obs/agent, obs/extra
 
     @property
     def num_steps(self) -> int:
@@ -66,6 +71,7 @@ class DemoSpec:
     image_size: int = 64
     action_dim: int = 7
     control_mode: Optional[str] = None     # None: not checked (the pixel task has none)
+    state_dim: int = 0                     # > 0: every episode must carry a state of this size
     env_id: Optional[str] = None           # None: not checked
 
 
@@ -95,6 +101,8 @@ def write_demos(out_dir, episodes: list[DemoEpisode], env_info: dict, camera: st
             g.create_dataset("success", data=ep.success, dtype=bool)
             if ep.rewards is not None:
                 g.create_dataset("rewards", data=ep.rewards, dtype=np.float32)
+            for key, value in (ep.states or {}).items():
+                g.create_dataset(f"obs/{key}", data=value, dtype=np.float32)
             records.append({"episode_id": i, "episode_seed": ep.seed,
                             "reset_kwargs": {"seed": ep.seed} if ep.seed is not None else {},
                             "control_mode": env_info.get("env_kwargs", {}).get("control_mode"),
@@ -238,8 +246,39 @@ def _read_episode(f, h5_path: Path, js: Path, n: int, rec: dict, spec: DemoSpec)
     if success is None:
         success = np.zeros(T, bool)
         success[-1] = bool(rec.get("success", False))
+    states = _read_states(g, where, T, spec.state_dim) if spec.state_dim else None
     return DemoEpisode(images=images, actions=labels.astype(np.float32),
                        rewards=None if rewards is None else rewards.astype(np.float32),
                        success=success.astype(bool), instruction=rec.get("instruction"),
                        seed=rec.get("episode_seed"), episode_id=int(rec["episode_id"]),
-                       executed_actions=None if expert is None else actions.astype(np.float32))
+                       executed_actions=None if expert is None else actions.astype(np.float32),
+                       states=states)
+
+
+def _read_states(g, where: str, T: int, state_dim: int) -> dict:
+    """obs/agent/* and obs/extra/* of one episode, checked against policy.state_dim."""
+    states = {}
+    for group in STATE_GROUPS:
+        if f"obs/{group}" in g:
+            g[f"obs/{group}"].visititems(lambda name, node: states.__setitem__(
+                f"{group}/{name}", np.asarray(node[()], np.float32)) if hasattr(node, "shape") else None)
+    size = sum(int(np.prod(v.shape[1:])) for v in states.values())
+    if size != state_dim:
+        raise DemoError(f"{where}obs/agent' + 'obs/extra' hold {size} state values per step "
+                        f"({', '.join(states) or 'none'}); policy.state_dim={state_dim} (env.use_proprio)")
+    for key, v in states.items():
+        if len(v) != T + 1:
+            raise DemoError(f"{where}obs/{key}' has {len(v)} rows; expected T+1 = {T + 1}")
+        if not np.isfinite(v).all():
+            raise DemoError(f"{where}obs/{key}' holds NaN or inf")
+    return states
+
+
+STATE_GROUPS = ("agent", "extra")
+
+
+def flat_states(states: dict) -> np.ndarray:
+    """float32 [T+1, S]: the leaves of obs/agent then obs/extra, each group in name order, as the
+    env's `flat_state` orders a live observation."""
+    keys = sorted(states, key=lambda k: (STATE_GROUPS.index(k.split("/")[0]), k))
+    return np.concatenate([states[k].reshape(len(states[k]), -1) for k in keys], axis=1).astype(np.float32)

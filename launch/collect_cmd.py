@@ -68,7 +68,7 @@ def collect(cfg, out_dir) -> dict:
         check_task(cfg.env.id)
         with tqdm(total=c.num_episodes, desc="motion plans", unit="episode", dynamic_ncols=True) as bar:
             episodes, stats = collect_motion_planning(cfg, c.num_episodes, Path(out_dir) / "raw", c.seed,
-                                                      c.num_procs, progress=bar.update)
+                                                      c.num_procs, progress=bar.update, say=bar.write)
         source = ("motionplanning", f"ManiSkill's motion-planning solution of {cfg.env.id}, converted to "
                                     f"{cfg.env.control_mode} by mani_skill.trajectory.replay_trajectory")
     write_demos(out_dir, episodes, env_info(cfg), camera=cfg.env.camera, source_type=source[0],

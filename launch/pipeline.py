@@ -97,7 +97,8 @@ def final_summary(cfg, run_dir: Path) -> dict:
         "sft": {"steps": sft["steps"], "success_rate": last["success_rate"],
                 "ci95": [last["success_ci_low"], last["success_ci_high"]]},
         "rl": {"updates": source["step"], "success_rate": rl["success_rate"], "ci95": rl["success_ci95"]},
-        "tensorboard": [str(run_dir / "sft" / "tb"), str(run_dir / "tb")]}
+        "tensorboard": [str(run_dir / "sft" / "tb"), str(run_dir / "tb")],
+        "videos": _latest_videos(run_dir)}
     (run_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -110,7 +111,14 @@ def format_final(s: dict) -> str:
         f"asyncvla pipeline: {s['env_id']}, {s['episodes']} fixed episodes, actions sampled as actors sample",
         line("SFT", s["sft"], f"{s['sft']['steps']} steps"),
         line("RL", s["rl"], f"{s['rl']['updates']} updates"),
-        f"  tensorboard --logdir {' --logdir '.join(s['tensorboard'])}"])
+        f"  tensorboard --logdir {' --logdir '.join(s['tensorboard'])}"]
+        + ([f"  videos of the evaluator's last evaluation: {s['videos']}"] if s.get("videos") else []))
+
+
+def _latest_videos(run_dir: Path) -> str | None:
+    """The newest RUN/eval/step_N/ holding the periodic evaluator's videos, if any."""
+    steps = sorted(d for d in (run_dir / "eval").glob("step_*") if any(d.glob("*.mp4")))
+    return str(steps[-1]) if steps else None
 
 
 def _budget(cfg) -> str:

@@ -77,7 +77,7 @@ def run(cfg: Config) -> int:
     step, version, env_steps, ema = _restore(engine, resume_from, cfg, rank)
     start_step = step
     metrics = Metrics(str(run_dir / "tb") if rank == 0 else None, cfg.learner.max_steps,
-                      cfg.logging.progress, start_step=step, env_steps=env_steps)
+                      cfg.logging.progress, start_step=step, env_steps=env_steps, eval_dir=run_dir / "eval")
     auth_key = _token_key(cfg)
     if cfg.transport.reuse_receive_buffers:
         keep_freed_buffers()           # before the first segment: see common/allocator.py

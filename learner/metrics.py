@@ -73,9 +73,11 @@ class Metrics:
     given a log_dir) writes tensorboard and the progress bar."""
 
     def __init__(self, log_dir: str | None, progress_total: int, show_progress: bool, start_step: int = 0,
-                 env_steps: int = 0):
+                 env_steps: int = 0, eval_dir: Path | None = None):
         self.writer = None
         self.bar = None
+        self.eval_dir = eval_dir            # the periodic evaluator's summaries, shown on the bar
+        self._eval_seen = None
         if log_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(log_dir)
@@ -152,10 +154,29 @@ class Metrics:
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             sr = out.get("env/episode_success")
+            ev = self._latest_eval()
             self.bar.set_postfix_str(
                 f"env_steps={self.env_steps} success={'-' if sr is None else f'{sr:.0%}'} "
-                f"samples/s={out['time/samples_per_s']:.0f} lag={out.get('rollout/policy_lag_mean', 0):.1f}",
+                + ("" if ev is None else f"eval={ev} ")
+                + f"samples/s={out['time/samples_per_s']:.0f} lag={out.get('rollout/policy_lag_mean', 0):.1f}",
                 refresh=False)
+
+    def _latest_eval(self) -> str | None:
+        """The periodic evaluator's newest figure (RUN/eval/step_N/summary.json) as `62%@300`: on
+        fixed episodes, it says more than the few training episodes an update sees."""
+        if self.eval_dir is None or not self.eval_dir.is_dir():
+            return None
+        if self._eval_seen is None or time.monotonic() - self._eval_seen[0] > 5.0:     # a glob every 5 s
+            done = sorted(self.eval_dir.glob("step_*/summary.json"))
+            self._eval_seen = (time.monotonic(), done[-1] if done else None)
+        path = self._eval_seen[1]
+        if path is None:
+            return None
+        try:
+            s = json.loads(path.read_text())
+            return f"{s['success_rate']:.0%}@{s['step']}"
+        except (OSError, ValueError, KeyError):
+            return None
 
     def text(self, tag: str, text: str) -> None:
         if self.writer is not None:

@@ -49,7 +49,8 @@ def sft_dir(cfg: Config) -> Path:
 def demo_spec(cfg: Config) -> DemoSpec:
     """What demo files must match for this config (a file without a control mode is not checked)."""
     return DemoSpec(camera=cfg.env.camera, image_size=cfg.policy.image_size,
-                    action_dim=cfg.policy.action_dim, control_mode=cfg.env.control_mode, env_id=cfg.env.id)
+                    action_dim=cfg.policy.action_dim, control_mode=cfg.env.control_mode, env_id=cfg.env.id,
+                    state_dim=cfg.policy.state_dim)
 
 
 def sft_loss(token_logp: torch.Tensor, values: torch.Tensor, returns: torch.Tensor,
@@ -178,7 +179,8 @@ def _forward(engine, data: SFTSamples, index, ids, mask, tokenizer, cfg: Config)
     device = next(engine.module.parameters()).device
     tokens = tokenizer.encode(data.actions[index].reshape(len(index), -1))
     t = lambda x: torch.as_tensor(np.ascontiguousarray(x), device=device)   # noqa: E731
-    out = engine(t(data.images[index]), t(ids[index]), t(mask[index]), None, t(tokens), "token_level",
+    state = None if data.states is None else t(data.states[index])
+    out = engine(t(data.images[index]), t(ids[index]), t(mask[index]), state, t(tokens), "token_level",
                  temperature=1.0)
     return out, t(tokens), t(data.returns[index]).float()
 

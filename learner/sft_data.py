@@ -1,7 +1,8 @@
 """Supervised samples from demonstrations: what the policy sees, the action tokens it should emit,
 and the discounted return the critic should predict.
 
-A sample is one demo step t: the image at t, the episode's instruction, and the chunk of the next
+A sample is one demo step t: the image at t (and the robot's state at t where the demos record it
+and the policy reads one), the episode's instruction, and the chunk of the next
 K labelled actions a_t .. a_{t+K-1} (an episode's last steps repeat its final action), tokenized
 exactly as RL actions are (`ActionTokenizer.encode`). Every step starts a sample, so a demo of T
 steps gives T samples. The critic's target is the Monte-Carlo return in RL's own units:
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from asyncvla.common.demos import DemoEpisode, DemoError
+from asyncvla.common.demos import DemoEpisode, DemoError, flat_states
 
 
 @dataclass
@@ -28,13 +29,15 @@ class SFTSamples:
     actions: np.ndarray        # float32 [n, K, D]
     returns: np.ndarray        # float32 [n]
     episode: np.ndarray        # int64 [n]: index of the demo episode it came from
+    states: np.ndarray | None = None   # float32 [n, S]: the robot's state (env.use_proprio)
 
     def __len__(self) -> int:
         return len(self.actions)
 
     def subset(self, index: np.ndarray) -> "SFTSamples":
         return SFTSamples(self.images[index], [self.instructions[i] for i in index], self.actions[index],
-                          self.returns[index], self.episode[index])
+                          self.returns[index], self.episode[index],
+                          None if self.states is None else self.states[index])
 
 
 def action_range_q99(actions: np.ndarray, min_width: float = 1e-3) -> tuple[list[float], list[float]]:
@@ -77,7 +80,7 @@ def build_samples(episodes: list[DemoEpisode], K: int, gamma: float, reward_type
                   default_instruction: str | None) -> SFTSamples:
     """Every step of every episode as a sample. Episodes without rewards get return 0 (the critic
     warm-up then has nothing to learn from them: set sft.value_loss_coef=0)."""
-    images, instr, chunks, rets, ep_index = [], [], [], [], []
+    images, instr, chunks, rets, ep_index, states = [], [], [], [], [], []
     for i, ep in enumerate(episodes):
         text = ep.instruction or default_instruction
         if not text:
@@ -90,8 +93,13 @@ def build_samples(episodes: list[DemoEpisode], K: int, gamma: float, reward_type
         rets.append(returns_to_go(ep.rewards, gamma, K, reward_type) if ep.rewards is not None
                     else np.zeros(T, np.float32))
         ep_index.append(np.full(T, i, np.int64))
+        if ep.states:
+            states.append(flat_states(ep.states)[:T])
+    if states and len(states) != len(episodes):
+        raise DemoError("some demo episodes carry a state (obs/agent, obs/extra) and others do not")
     return SFTSamples(np.concatenate(images), instr, np.concatenate(chunks).astype(np.float32),
-                      np.concatenate(rets), np.concatenate(ep_index))
+                      np.concatenate(rets), np.concatenate(ep_index),
+                      np.concatenate(states) if states else None)
 
 
 def split_by_episode(samples: SFTSamples, num_episodes: int, val_fraction: float,

@@ -13,7 +13,8 @@ import pytest
 from asyncvla.actors.collect import collect_demos, demonstrator_for, env_info
 from asyncvla.actors.envs.pixel_task import PixelReachEnv
 from asyncvla.common.config import load_config
-from asyncvla.common.demos import DemoError, DemoSpec, find_files, read_demos, write_demos
+from asyncvla.actors.envs.maniskill import flat_state
+from asyncvla.common.demos import DemoError, DemoSpec, find_files, flat_states, read_demos, write_demos
 
 REPO = Path(__file__).resolve().parents[1]
 PIXEL_CFG = REPO / "configs" / "pixel_task.yaml"
@@ -99,7 +100,9 @@ def write_like_record_episode(out: Path, T=5, D=7, size=64, control_mode="pd_ee_
     with h5py.File(out / "trajectory.rgb.pd_ee_delta_pose.physx_cpu.h5", "w") as f:
         for i in range(2):
             g = f.create_group(f"traj_{i}")
+            g.create_dataset("obs/agent/qvel", data=rng.normal(size=(T + 1, 9)).astype(np.float32))
             g.create_dataset("obs/agent/qpos", data=rng.normal(size=(T + 1, 9)).astype(np.float32))
+            g.create_dataset("obs/extra/tcp_pose", data=rng.normal(size=(T + 1, 7)).astype(np.float32))
             g.create_dataset("obs/sensor_data/base_camera/rgb",
                              data=rng.integers(0, 255, (T + 1, size, size, 3), dtype=np.uint8))
             g.create_dataset("obs/sensor_param/base_camera/intrinsic_cv", data=np.zeros((T + 1, 3, 3)))
@@ -126,6 +129,34 @@ def test_reads_files_laid_out_by_maniskill(tmp_path):
     assert len(eps) == 2 and eps[0].instruction is None and eps[1].seed == 11
     assert eps[0].rewards is None and eps[0].executed_actions is None and eps[0].actions.shape == (5, 7)
     assert find_files(out / "trajectory.rgb.pd_ee_delta_pose.physx_cpu.h5")[0].exists()
+    assert eps[0].states is None                      # the policy reads no state: none is loaded
+
+
+def test_the_state_is_agent_then_extra_each_in_name_order(tmp_path):
+    out = write_like_record_episode(tmp_path / "ms")
+    want = DemoSpec(action_dim=7, image_size=64, control_mode="pd_ee_delta_pose", state_dim=25)
+    ep = read_demos(out, want)[1]
+    flat = flat_states(ep.states)
+    with h5py.File(next(out.glob("*.h5"))) as f:
+        g = f["traj_1/obs"]
+        expect = np.concatenate([g["agent/qpos"][()], g["agent/qvel"][()], g["extra/tcp_pose"][()]], axis=1)
+    assert flat.shape == (6, 25) and np.array_equal(flat, expect)
+    live = {"extra": {"tcp_pose": expect[0, 18:]}, "agent": {"qvel": expect[0, 9:18], "qpos": expect[0, :9]}}
+    assert np.array_equal(flat_state(live), flat[0])  # an env's observation, flattened the same way
+    with pytest.raises(DemoError, match=r"hold 25 state values.*policy.state_dim=9"):
+        read_demos(out, DemoSpec(action_dim=7, image_size=64, state_dim=9))
+
+
+def test_pixel_demos_record_the_state_the_env_gives(tmp_path):
+    cfg = pixel_cfg("env.use_proprio=true", "policy.state_dim=2")
+    episodes, _ = collect_demos(cfg, num_episodes=2, action_noise=0.0, seed=3, num_envs=2)
+    write_demos(tmp_path, episodes, env_info(cfg), camera=cfg.env.camera)
+    loaded = read_demos(tmp_path, DemoSpec(action_dim=2, image_size=64, state_dim=2))
+    first = PixelReachEnv(2, 64, 1, "action_level", use_proprio=True).reset(seed=3 * 100_003)["state"]
+    for b, ep in enumerate(loaded):                   # the oracle solves both envs of the first round
+        states = flat_states(ep.states)
+        assert states.shape == (ep.num_steps + 1, 2) and np.array_equal(states[0], first[b])
+        assert not np.array_equal(states[0], states[-1])      # the agent moved
 
 
 @pytest.mark.parametrize("case, words", [

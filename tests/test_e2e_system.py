@@ -38,7 +38,7 @@ SMALL_BACKBONE = ["policy.backbone.text_layers=1", "policy.backbone.text_hidden_
 def small_run(tmp_path, name: str, *extra: str) -> list[str]:
     return [f"logging.output_dir={tmp_path}", f"logging.experiment_name={name}", "logging.progress=false",
             "learner.batch_trajectories=4", "learner.micro_batch_size=16", "actor.num_envs=4",
-            "actor.rollout_length=4", "algorithm.num_minibatches=1", *SMALL_BACKBONE,
+            "actor.rollout_length=4", "algorithm.num_minibatches=1", "eval.eval_interval=0", *SMALL_BACKBONE,
             *run_port_overrides(), *extra]
 
 

@@ -228,3 +228,15 @@ def test_periodic_eval_logs_to_tensorboard_and_the_run_dir(tmp_path):
     assert logged == {"eval/success_rate": [(20, pytest.approx(summary["success_rate"]))],
                       "eval/return": [(20, pytest.approx(summary["return_mean"]))],
                       "eval/length": [(20, pytest.approx(summary["length_mean"]))]}
+
+
+def test_the_progress_line_shows_the_evaluators_newest_figure(tmp_path):
+    from asyncvla.learner.metrics import Metrics
+    m = Metrics(None, 10, False, eval_dir=tmp_path / "eval")
+    assert m._latest_eval() is None                          # no evaluation yet
+    for step, rate in ((4, 0.25), (12, 0.5)):
+        d = tmp_path / "eval" / f"step_{step:08d}"
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"step": step, "success_rate": rate}))
+    m._eval_seen = None                                       # as after the 5 s between globs
+    assert m._latest_eval() == "50%@12"

@@ -40,7 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 SFT_STEPS = 400         # ~45 s; the parallel head sees the target only after ~300 steps
 RL_SECONDS = 120
 EVAL_EPISODES = 1024    # each interval within about +-3 points; both evaluations take ~20 s
-SETTINGS = ["policy.image_size=32", "policy.action_head=parallel", "learner.value_lr=3e-3"]
+SETTINGS = ["policy.image_size=32", "policy.action_head=parallel", "learner.value_lr=3e-3",
+            "eval.eval_interval=0"]     # measured without the evaluator beside training
 
 
 def pipeline(out: Path, timeout: float):

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from asyncvla.actors.envs.base import resize_images
+from asyncvla.actors.envs.maniskill import flat_state
 from asyncvla.actors.motion_planning import check_task, collect_motion_planning
+from asyncvla.common.demos import flat_states
 from asyncvla.common.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_two_pushcube_demos_convert_and_replay_to_success(tmp_path):
     import gymnasium as gym
     import mani_skill.envs  # noqa: F401
+    from mani_skill.utils import common
 
     cfg = load_config(None, ["env.id=PushCube-v1", "policy.image_size=64", "policy.action_dim=7"])
     episodes, stats = collect_motion_planning(cfg, 2, tmp_path / "raw", seed=0, num_procs=1)
@@ -34,6 +37,9 @@ def test_two_pushcube_demos_convert_and_replay_to_success(tmp_path):
             obs, _ = env.reset(seed=ep.seed)
             first = resize_images(obs["sensor_data"]["base_camera"]["rgb"].numpy(), 64)[0]
             assert np.abs(first.astype(int) - ep.images[0].astype(int)).mean() < 2.0
+            state = flat_state({"agent": common.to_numpy(obs["agent"]), "extra": common.to_numpy(obs["extra"])})
+            recorded = flat_states(ep.states)        # what the policy reads with env.use_proprio
+            assert recorded.shape == (ep.num_steps + 1, 25) and np.allclose(recorded[0], state, atol=1e-5)
             solved = False
             for a in ep.actions:
                 _, _, _, _, info = env.step(a)

@@ -60,6 +60,21 @@ def test_samples_and_split_keep_episodes_whole():
     assert val is None and len(train) == 20
 
 
+def test_each_sample_carries_the_state_of_its_own_step():
+    eps = [episode(T, i) for i, T in enumerate([4, 3])]
+    for ep in eps:
+        T = ep.num_steps
+        ep.states = {"extra/tcp": np.full((T + 1, 1), 100.0 + ep.episode_id, np.float32),
+                     "agent/qpos": np.arange(2 * (T + 1), dtype=np.float32).reshape(T + 1, 2)}
+    s = build_samples(eps, K=2, gamma=1.0, reward_type="chunk_level", default_instruction=None)
+    assert s.states.shape == (7, 3)
+    assert s.states[5].tolist() == [2.0, 3.0, 101.0]      # episode 1, step 1: agent, then extra
+    assert np.array_equal(s.subset(np.array([5])).states, s.states[5:6])
+    eps[1].states = None
+    with pytest.raises(ValueError, match="some demo episodes carry a state"):
+        build_samples(eps, K=2, gamma=1.0, reward_type="chunk_level", default_instruction=None)
+
+
 def test_episode_without_instruction_takes_the_default_or_fails():
     eps = [episode(3, 0, instruction=None)]
     assert build_samples(eps, 1, 0.9, "chunk_level", "push the cube").instructions == ["push the cube"] * 3

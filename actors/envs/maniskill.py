@@ -153,11 +153,12 @@ def _cameras_off(base_env):
 
 
 def flat_state(tree: dict) -> np.ndarray:
-    """float32 [S]: the leaves of a nested observation dict in order."""
+    """float32 [S]: the leaves of a nested observation dict, each level in name order (the order
+    common/demos.py reads a recorded state in)."""
     leaves = []
 
     def walk(node):
-        for value in node.values():
+        for _, value in sorted(node.items()):
             if isinstance(value, dict):
                 walk(value)
             else:

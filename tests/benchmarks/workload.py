@@ -21,6 +21,7 @@ from pathlib import Path
 CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "pixel_task.yaml")
 MANISKILL_CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml")
 OVERRIDES = [
+    "eval.eval_interval=0",             # no evaluator beside the measured processes
     "launch.num_local_actors=1",
     "actor.num_envs=3",
     "actor.rollout_length=8",
