@@ -152,6 +152,11 @@ def _cameras_off(base_env):
         base_env._obs_mode = mode
 
 
+def name_ordered(tree: dict) -> dict:
+    """The nested dict with every level's keys in name order (the order `flat_state` takes)."""
+    return {k: name_ordered(v) if isinstance(v, dict) else v for k, v in sorted(tree.items())}
+
+
 def flat_state(tree: dict) -> np.ndarray:
     """float32 [S]: the leaves of a nested observation dict, each level in name order (the order
     common/demos.py reads a recorded state in)."""
@@ -352,7 +357,7 @@ class ManiSkillBatchedEnv:
         state = None
         if self.spec.use_proprio:
             from mani_skill.utils import common
-            state = _numpy(common.flatten_state_dict({"agent": obs["agent"], "extra": obs["extra"]},
+            state = _numpy(common.flatten_state_dict(name_ordered({"agent": obs["agent"], "extra": obs["extra"]}),
                                                      use_torch=True, device=self.device)[rows])
         return policy_obs(frames, state, self.spec)
 
