@@ -117,6 +117,35 @@ class Registry:
                 "timed_out_total": self.timed_out_total, "replaced_total": self.replaced_total}
 
 
+class EventLog:
+    """Logs each actor event of a kind (joined, replaced, timed out) up to `burst` times per
+    `interval_s`, then folds the rest into one line per interval: a flood of hellos from a buggy
+    or hostile script cannot flood the learner's log. The registry's counts stay exact."""
+
+    def __init__(self, burst: int = 20, interval_s: float = 10.0):
+        self.burst, self.interval_s = burst, interval_s
+        self._start: dict[str, float] = {}      # kind -> when its window began
+        self._seen: dict[str, int] = {}         # events of the kind in the window
+
+    def __call__(self, kind: str, level: int, fmt: str, *args) -> None:
+        self.flush()
+        self._start.setdefault(kind, time.monotonic())
+        self._seen[kind] = self._seen.get(kind, 0) + 1
+        if self._seen[kind] <= self.burst:
+            log.log(level, fmt, *args)
+
+    def flush(self) -> None:
+        """End the windows older than interval_s, with one line for what they did not log."""
+        now = time.monotonic()
+        for kind, start in list(self._start.items()):
+            if now - start >= self.interval_s:
+                folded = self._seen.pop(kind) - self.burst
+                del self._start[kind]
+                if folded > 0:
+                    log.warning("%d more actor(s) %s in the last %.0f s (after %d logged one by one)",
+                                folded, kind, now - start, self.burst)
+
+
 # ------------------------------------------------------------------------------- learner side
 class ControlServer:
     """ROUTER on control_port (or `endpoint`), served by a background thread.
@@ -148,6 +177,7 @@ class ControlServer:
         self.endpoint = advertised(tcfg, bound_endpoint(self._router))
         self._key = auth_key or self._node.token_key
         self.registry = Registry()
+        self._events = EventLog()
         self._lock = threading.Lock()
         self._limits = Limits.for_kind("request", tcfg.max_message_mb)
         self._policy_files: dict[str, bytes] | None = None
@@ -208,8 +238,9 @@ class ControlServer:
             with self._lock:
                 gone = self.registry.expire(time.monotonic(), self.tcfg.heartbeat_timeout_s)
             for a in gone:
-                log.warning("actor %s (%s pid %d) timed out: no heartbeat for %.1f s", printable(a.actor_id),
-                            printable(a.host), a.pid, self.tcfg.heartbeat_timeout_s)
+                self._events("timed out", logging.WARNING, "actor %s (%s pid %d) timed out: no heartbeat for %.1f s",
+                             printable(a.actor_id), printable(a.host), a.pid, self.tcfg.heartbeat_timeout_s)
+            self._events.flush()
 
     def _on_message(self, peer: bytes, frames: list) -> None:
         try:
@@ -275,6 +306,18 @@ class ControlServer:
             self._send(peer, encode_control("error", {"message": message}))
             return
         with self._lock:
+            live = self.registry.actors.get(actor_id)
+        if (live is not None and live.key == user == "" and live.identity != peer
+                and (live.host, live.pid) != (hello["host"], hello["pid"]) and self._connected(live.identity)):
+            # Without keys anyone on the network may claim any id: a live id stays with the process
+            # still connected under it. A restarted actor's predecessor is gone: its connection
+            # closed when it died, so the restart takes the id at once.
+            self._count("id_taken", f"hello for actor {actor_id[:40]!r}, live in another process")
+            message = (f"actor_id {actor_id[:100]!r} is live in another process ({printable(live.host)} pid "
+                       f"{live.pid}); choose another --actor-id, or wait until that actor leaves")
+            self._send(peer, encode_control("error", {"message": message}))
+            return
+        with self._lock:
             what = self.registry.hello(actor_id, hello["host"], hello["pid"], peer, now, key=user)
         if what == "taken":
             self._count("wrong_key", f"hello for actor {actor_id[:40]!r}, live under another key")
@@ -283,7 +326,8 @@ class ControlServer:
             self._send(peer, encode_control("error", {"message": message}))
             return
         if what != "refreshed":
-            log.info("actor %s %s (%s pid %d)", printable(actor_id), what, printable(hello["host"]), hello["pid"])
+            self._events(what, logging.INFO, "actor %s %s (%s pid %d)", printable(actor_id), what,
+                         printable(hello["host"]), hello["pid"])
         self._send(peer, reply)
 
     def _count(self, reason: str, detail: str) -> None:
@@ -310,6 +354,15 @@ class ControlServer:
             self._router.send_multipart([peer, *frames], flags=zmq.NOBLOCK, copy=False)
         except zmq.ZMQError:
             pass                       # the actor is gone; its time-out will clean up
+
+    def _connected(self, identity: bytes) -> bool:
+        """Whether a peer is still connected: with ROUTER_MANDATORY a send to an identity whose
+        connection has closed fails with EHOSTUNREACH (a heartbeat is harmless to a live actor)."""
+        try:
+            self._router.send_multipart([identity, *encode_control("heartbeat")], flags=zmq.NOBLOCK)
+        except zmq.ZMQError as e:
+            return e.errno != zmq.EHOSTUNREACH      # EAGAIN: connected, its queue full
+        return True
 
 
 # --------------------------------------------------------------------------------- actor side

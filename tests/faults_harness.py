@@ -812,6 +812,36 @@ def hello_flood(run: Run, count: int, peers: int = 4) -> Row:
     return row
 
 
+def id_hijack(run: Run, rounds: int = 5) -> Row:
+    """Hellos under the ids of the live local actors from a bare peer on the same machine (no keys:
+    any local process can say any id). Each must be refused while the real actor is connected
+    (`id_taken`); a welcome is an unauthorised action. Problems: a welcome, or a real actor
+    dropped or made to rejoin."""
+    row = Row("hello under a live actor's id")
+    ep = endpoints(run)["control"]
+    before, mark, t0 = run.accounts(), len(run.text()), time.time()
+    ids = [f"local-{i}" for i in range(len(run.actors()))]
+    peer = Peer(ep)
+    try:
+        for r in range(rounds):
+            for actor_id in ids:
+                meta = {"actor_id": actor_id, "host": "hijack", "pid": 100_000 + r, "num_envs": 0}
+                peer.send(P.encode_control("hello", meta), timeout_ms=1000)
+        peer.settle(timeout_s=60)
+    finally:
+        peer.close()
+    row.seconds, row.tried = time.time() - t0, rounds * len(ids)
+    welcomed, refused = peer.replies.get("welcome", 0), peer.replies.get("error", 0)
+    row.unauthorised = welcomed
+    row.accounts = run.accounts(newer_than=run.step()).minus(before)
+    row.problems += _real_actors_undisturbed(run, mark) + _liveness(run)
+    if welcomed:
+        row.problems.append(f"{welcomed} hello(s) under a live actor's id welcomed")
+    row.outcome = f"{refused} refused (id_taken), {welcomed} welcomed"
+    row.detail = {"refused": refused, "welcomed": welcomed}
+    return row
+
+
 def spoofing(run: Run, count: int, rng, other_token: str) -> Row:
     """heartbeat, bye, get_policy_files (control) and get_weights (weights) for the ids of the
     live actors and the evaluator, without their token: none, empty, made up, or another actor's.
@@ -1263,6 +1293,7 @@ def run_suite(out: Path, sizes: Sizes) -> SuiteResult:
         _guarded(rows, "fuzz control port", fuzz, run, "control", sizes.fuzz_per_port, rng, None, real_ids)
         _guarded(rows, "hello flood", hello_flood, run, sizes.hellos)
         _guarded(rows, "spoofed heartbeats/byes", spoofing, run, sizes.spoofs, rng, token)
+        _guarded(rows, "hello under a live actor's id", id_hijack, run)
         _guarded(rows, "fuzz weights port", fuzz, run, "weights", sizes.fuzz_per_port, rng, None, real_ids)
         _guarded(rows, "fuzz trajectory port", fuzz, run, "trajectory", sizes.fuzz_per_port, rng, maker, (),
                  sizes.valid_segments)

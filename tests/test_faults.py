@@ -134,12 +134,15 @@ def suite(tmp_path_factory):
 def test_every_attack_ran(suite):
     faults = [r.fault for r in suite.rows]
     for fault in ("fuzz control port", "fuzz weights port", "fuzz trajectory port", "hello flood",
-                  "spoofed heartbeats/byes", "disk full during a save", "actor churn (SIGKILL)",
+                  "spoofed heartbeats/byes", "hello under a live actor's id", "disk full during a save",
+                  "actor churn (SIGKILL)",
                   "launcher SIGINT", "learner SIGKILL during a save", "launcher SIGKILL",
                   "fake learner: escaping file names", "learner memory (RSS, any rank)", "crashes (every run)"):
         assert fault in faults, (fault, faults)
     for port in ("control", "weights", "trajectory"):
         assert suite.row(f"fuzz {port} port").tried >= 10_000
+    hijack = suite.row("hello under a live actor's id")      # no keys: a live id stays with its process
+    assert hijack.tried > 0 and hijack.detail["refused"] == hijack.tried, hijack.outcome
 
 
 def test_no_crash_no_hang_no_unauthorised_action(suite):

@@ -385,3 +385,34 @@ def test_advertised_endpoint_for_a_wildcard_bind(tmp_path):
 
 def free_port() -> int:
     return int(free_tcp_endpoint().rsplit(":", 1)[1]) - 1       # the receiver adds its rank (1)
+
+
+def test_a_flood_of_hellos_is_folded_into_summary_lines(caplog):
+    server = transport.ControlServer(tcfg(heartbeat_timeout_s=0.5), welcome_fn_for(["tcp://127.0.0.1:2"]),
+                                     endpoint="tcp://127.0.0.1:*")
+    server._events.interval_s = 1.0
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(server.endpoint)
+    try:
+        with caplog.at_level(logging.INFO, logger="asyncvla"):
+            for i in range(200):                    # joins, then (no heartbeats) 200 time-outs
+                sock.send_multipart(P.encode_control("hello", {"actor_id": f"x{i}", "host": "h", "pid": i,
+                                                               "num_envs": 0}))
+            assert wait_until(lambda: server.counts()["timed_out_total"] == 200, timeout=20)
+            time.sleep(1.5)                         # the windows end; their summaries are written
+        lines = [r.getMessage() for r in caplog.records if r.name == "asyncvla.transport"]
+        joined = [m for m in lines if " joined (h pid " in m]
+        timed_out = [m for m in lines if "timed out: no heartbeat" in m]
+        folded = [m for m in lines if "more actor(s)" in m]
+        assert len(joined) <= 40 and len(timed_out) <= 40, (len(joined), len(timed_out))
+        total = {"joined": len(joined), "timed out": len(timed_out)}
+        for m in folded:
+            n, kind = int(m.split()[0]), "joined" if " joined " in m else "timed out"
+            total[kind] += n
+        assert total == {"joined": 200, "timed out": 200}, (total, folded)   # nothing is lost from the count
+        assert server.counts()["joined_total"] == 200
+    finally:
+        sock.close(0)
+        ctx.term()
+        server.close(notify=False)
