@@ -88,8 +88,9 @@ def write(bench_dir: Path, readme: Path, docs: Path) -> None:
     md, js, png = (bench_dir / f"learning_{PROFILE}.{ext}" for ext in ("md", "json", "png"))
     learning_md = md.read_text() if md.exists() else None
     learning = json.loads(js.read_text()) if js.exists() else {}
-    learning_env = learning.get("environment")
-    if learning_env is not None and learning.get("quick"):
+    # run alone, the learning benchmark records its machine; within `make bench`, bench.json does
+    learning_env = learning.get("environment") or (bench or {}).get("environment")
+    if learning_env is not None and (learning.get("quick") or (bench or {}).get("quick")):
         learning_env = {**learning_env, "time": f"{learning_env.get('time', '?')} (`--quick`: short runs)"}
     page, short = render(bench, learning_md, learning_env)
     (docs / "results.md").write_text(page)
