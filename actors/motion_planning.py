@@ -30,7 +30,7 @@ import numpy as np
 
 from asyncvla.actors.envs.base import resize_images
 from asyncvla.actors.envs.instructions import instruction_for
-from asyncvla.common.demos import STATE_GROUPS, DemoEpisode
+from asyncvla.common.demos import DemoEpisode, read_states
 
 PLAN_CONTROL_MODE = "pd_joint_pos"       # what ManiSkill's solutions command
 
@@ -172,23 +172,11 @@ def read_converted(h5_path: Path, cfg) -> list[DemoEpisode]:
                 raise ValueError(f"env.camera={cfg.env.camera!r} is not in {h5_path} (cameras: {sorted(cameras)})")
             frames = np.asarray(cameras[cfg.env.camera]["rgb"][()])
             success = np.asarray(g["success"][()], bool)
-            states = {f"{group}/{name}": np.asarray(node[()], np.float32)
-                      for group in STATE_GROUPS if f"obs/{group}" in g
-                      for name, node in _leaves(g[f"obs/{group}"])}
             episodes.append(DemoEpisode(
                 images=resize_images(frames, cfg.policy.image_size),
                 actions=np.asarray(g["actions"][()], np.float32),
                 rewards=np.asarray(g["rewards"][()], np.float32) if "rewards" in g else None,
                 success=success, instruction=instruction, seed=rec.get("episode_seed"),
-                episode_id=len(episodes), states=states))
+                episode_id=len(episodes), states=read_states(g)))
     return episodes
 
-
-def _leaves(group, prefix: str = ""):
-    """(path, dataset) of every dataset under an HDF5 group, in name order."""
-    for name in sorted(group):
-        node = group[name]
-        if hasattr(node, "shape"):
-            yield prefix + name, node
-        else:
-            yield from _leaves(node, f"{prefix}{name}/")

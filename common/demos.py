@@ -255,13 +255,20 @@ def _read_episode(f, h5_path: Path, js: Path, n: int, rec: dict, spec: DemoSpec)
                        states=states)
 
 
-def _read_states(g, where: str, T: int, state_dim: int) -> dict:
-    """obs/agent/* and obs/extra/* of one episode, checked against policy.state_dim."""
+def read_states(g) -> dict:
+    """{"agent/qpos": float32 [T+1, n], ...}: every dataset under obs/agent and obs/extra of one
+    episode's HDF5 group (as ManiSkill records them), in name order."""
     states = {}
     for group in STATE_GROUPS:
         if f"obs/{group}" in g:
             g[f"obs/{group}"].visititems(lambda name, node: states.__setitem__(
                 f"{group}/{name}", np.asarray(node[()], np.float32)) if hasattr(node, "shape") else None)
+    return states
+
+
+def _read_states(g, where: str, T: int, state_dim: int) -> dict:
+    """read_states, checked against policy.state_dim."""
+    states = read_states(g)
     size = sum(int(np.prod(v.shape[1:])) for v in states.values())
     if size != state_dim:
         raise DemoError(f"{where}obs/agent' + 'obs/extra' hold {size} state values per step "

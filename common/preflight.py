@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import os
 import socket
+from pathlib import Path
 
 from asyncvla.common.config import Config
 
 # model_type of the Hugging Face VLMs policy.pretrained_path may name (vision_model + connector +
-# text_model + lm_head), and the file a saved policy holds.
+# text_model + lm_head)
 SUPPORTED_MODEL_TYPES = ("idefics3", "smolvlm")
-POLICY_FILE = "policy.json"
 
 
 def problems(cfg: Config, ports: bool = True) -> list[str]:
@@ -34,9 +34,10 @@ def _pretrained(path: str | None) -> list[str]:
     key = f"policy.pretrained_path={path!r}"
     if not os.path.isdir(path):
         return [f"{key}: no such directory"]
+    from asyncvla.common.policy.model import POLICY_FILE
     if os.path.isfile(os.path.join(path, POLICY_FILE)):           # a policy saved by save_pretrained
         try:
-            json.loads(open(os.path.join(path, POLICY_FILE)).read())
+            json.loads(Path(path, POLICY_FILE).read_text())
         except (OSError, ValueError) as e:
             return [f"{key}: {POLICY_FILE} is not readable JSON ({e})"]
         return []
@@ -46,7 +47,7 @@ def _pretrained(path: str | None) -> list[str]:
     except FileNotFoundError as e:
         return [f"{key}: {e} (expected a policy saved by asyncvla or a Hugging Face VLM directory)"]
     try:
-        model_type = json.loads(open(os.path.join(path, "config.json")).read()).get("model_type")
+        model_type = json.loads(Path(path, "config.json").read_text()).get("model_type")
     except (OSError, ValueError) as e:
         return [f"{key}: config.json is not readable JSON ({e})"]
     if model_type not in SUPPORTED_MODEL_TYPES:
