@@ -134,7 +134,8 @@ def run(cfg: Config) -> int:
                 save_failures += 1
             else:
                 saved_at = step
-            write_accounting(run_dir, step, inbox, servers)     # acked = trained + dropped + buffered
+            write_accounting(run_dir, step, inbox, servers,     # acked = trained + dropped + buffered
+                             nonfinite_steps=guard.skipped, checkpoint_failures=save_failures)
         if report["time_up"] or (cfg.learner.max_env_steps and metrics.env_steps >= cfg.learner.max_env_steps):
             break
 
@@ -143,7 +144,8 @@ def run(cfg: Config) -> int:
     # is tried once more.)
     if failure is None and step != saved_at:
         failure = _final_save(engine, batch, run_dir, step, version, metrics.env_steps, ema, cfg, device)
-    write_accounting(run_dir, step, inbox, servers)
+        save_failures += failure is not None
+    write_accounting(run_dir, step, inbox, servers, nonfinite_steps=guard.skipped, checkpoint_failures=save_failures)
     if failure is not None and rank == 0:
         log.error("stopped: %s", failure)
     elif failure is None:

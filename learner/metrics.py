@@ -190,13 +190,14 @@ class Metrics:
             self.writer.close()
 
 
-def write_accounting(run_dir, step: int, inbox, servers=()) -> Path:
+def write_accounting(run_dir, step: int, inbox, servers=(), **counts) -> Path:
     """RUN/accounting/rank_<r>.json: this learner process's segment accounting (`Inbox.accounting`:
-    acked = trained + dropped + buffered) at `step`, and on rank 0 the servers' figures (requests
-    refused by reason, the actor registry). Replaced whole (a reader never sees half a file);
+    acked = trained + dropped + buffered) at `step`, `counts` (the run's non-finite steps skipped,
+    saves failed), and on rank 0 the servers' figures (requests refused by reason, the actor
+    registry). Replaced whole (a reader never sees half a file);
     a resumed run starts its counts afresh. Logged too; a write that fails is only logged."""
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    record = {"rank": rank, "step": step, "pid": os.getpid(), "time": time.time(), **inbox.accounting()}
+    record = {"rank": rank, "step": step, "pid": os.getpid(), "time": time.time(), **inbox.accounting(), **counts}
     if servers:
         control, weights = servers
         record["control"] = {"messages": control.stats["messages"], "invalid": dict(control.stats["invalid"]),

@@ -13,8 +13,9 @@ RSS), in the order run_suite runs them:
   fuzz <port>      messages to the control, weights and trajectory ports: random bytes, flipped
                    and truncated headers, deep nesting, huge shapes, many frames, wrong types,
                    valid-looking messages with out-of-range values; on the trajectory port also
-                   segments of a registered fuzz actor that are stale, from a future version, or
-                   valid (trained on), and valid ones without its token
+                   segments of a registered fuzz actor that are stale, from a future version,
+                   valid (trained on), replayed (same seq), claiming env_steps = 2**63 - 1, and
+                   valid ones without its token
   hello flood      hellos with fresh actor ids (each registers an actor, who then times out)
   spoofing         heartbeats, byes, get_policy_files and get_weights for the live actors' ids
                    without their token
@@ -105,6 +106,8 @@ class Accounts:
     invalid: dict                # the invalid ones by the receiver's reason
     columns_trained: int
     balanced: bool               # every rank's acked == trained + dropped + buffered
+    nonfinite_steps: int = 0     # optimizer steps skipped as non-finite (the ranks agree: the most of any)
+    saves_failed: int = 0        # checkpoints that could not be written (likewise)
     records: list = field(default_factory=list, repr=False)
 
     @classmethod
@@ -119,7 +122,9 @@ class Accounts:
                    trained=sum(r["trained"] for r in records), buffered=sum(r["buffered"] for r in records),
                    dropped=dropped, invalid=invalid,
                    columns_trained=sum(r["columns"]["trained"] for r in records),
-                   balanced=all(_balanced(r) for r in records), records=records)
+                   balanced=all(_balanced(r) for r in records),
+                   nonfinite_steps=max(r.get("nonfinite_steps", 0) for r in records),
+                   saves_failed=max(r.get("checkpoint_failures", 0) for r in records), records=records)
 
     def minus(self, before: "Accounts | None") -> "Accounts":
         """What changed since `before` (the same learner processes), else all of it."""
@@ -129,7 +134,8 @@ class Accounts:
         return Accounts(self.step, self.acked - before.acked, self.trained - before.trained,
                         self.buffered - before.buffered, sub(self.dropped, before.dropped),
                         sub(self.invalid, before.invalid), self.columns_trained - before.columns_trained,
-                        self.balanced and before.balanced, self.records)
+                        self.balanced and before.balanced, self.nonfinite_steps - before.nonfinite_steps,
+                        self.saves_failed - before.saves_failed, self.records)
 
     @property
     def dropped_total(self) -> int:
@@ -158,6 +164,7 @@ class Row:
     unauthorised: int = 0
     accounts: Accounts | None = None
     rss_mb: float | None = None         # the learner's RSS, most of any rank, during the attack
+    exit_code: int | None = None        # of the command the attack ended, where it ended one
     skipped: str = ""                   # why the attack could not run here
     seconds: float = 0.0
     detail: dict = field(default_factory=dict)
@@ -165,27 +172,34 @@ class Row:
     def as_dict(self) -> dict:
         a = self.accounts
         return {"fault": self.fault, "tried": self.tried, "outcome": self.outcome, "problems": self.problems,
-                "unauthorised": self.unauthorised, "rss_mb": self.rss_mb, "skipped": self.skipped,
+                "unauthorised": self.unauthorised, "rss_mb": self.rss_mb, "exit_code": self.exit_code,
+                "skipped": self.skipped,
                 "seconds": round(self.seconds, 1), "detail": self.detail,
                 "accounts": None if a is None else {
                     "acked": a.acked, "trained": a.trained, "buffered": a.buffered, "dropped": a.dropped,
-                    "invalid": a.invalid, "balanced": a.balanced}}
+                    "invalid": a.invalid, "balanced": a.balanced, "nonfinite_steps": a.nonfinite_steps,
+                    "saves_failed": a.saves_failed}}
 
 
 def print_table(rows: list[Row], title: str = "") -> None:
-    """One line of figures per fault (the learner's accounting over the attack), its outcome below."""
-    header = ("fault", "tried", "acked", "trained", "buffered", "RSS MB", "dropped (by reason)")
+    """One line of figures per fault (messages sent; the learner's accounting over the attack:
+    segments acked, trained, buffered, optimizer steps skipped as non-finite, saves failed; the exit
+    code of a command the attack ended; the learner's RSS; drops by reason), its outcome below."""
+    header = ("fault", "sent", "acked", "trained", "buffered", "non-finite", "saves failed", "exit", "RSS MB",
+              "dropped (by reason)")
     lines = []
     for r in rows:
         a = r.accounts
-        figures = ("-",) * 3 if a is None else (f"{a.acked:,}", f"{a.trained:,}", f"{a.buffered:,}")
+        figures = ("-",) * 5 if a is None else (f"{a.acked:,}", f"{a.trained:,}", f"{a.buffered:,}",
+                                                str(a.nonfinite_steps), str(a.saves_failed))
         outcome = f"SKIPPED: {r.skipped}" if r.skipped else r.outcome
         if r.problems:
             outcome += f"  PROBLEMS: {'; '.join(r.problems)}"
-        lines.append(((r.fault, f"{r.tried:,}", *figures, "-" if r.rss_mb is None else f"{r.rss_mb:.0f}",
-                       "-" if a is None else a.dropped_text()), outcome))
+        lines.append(((r.fault, f"{r.tried:,}", *figures, "-" if r.exit_code is None else str(r.exit_code),
+                       "-" if r.rss_mb is None else f"{r.rss_mb:.0f}", "-" if a is None else a.dropped_text()),
+                      outcome))
     widths = [max(len(x[i]) for x in [c for c, _ in lines] + [header]) for i in range(len(header))]
-    fmt = lambda cells: "  ".join(c.ljust(w) if i in (0, 6) else c.rjust(w)   # noqa: E731
+    fmt = lambda cells: "  ".join(c.ljust(w) if i in (0, len(header) - 1) else c.rjust(w)   # noqa: E731
                                   for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
     if title:
         print(title)
@@ -596,15 +610,16 @@ class SegmentMaker:
         return seg
 
 
-SEGMENT_KINDS = ("valid", "stale", "future_version", "unregistered")
+SEGMENT_KINDS = ("valid", "stale", "future_version", "unregistered", "replay", "huge_counter")
 
 
-def trajectory_fuzz(count: int, rng, maker: SegmentMaker, version_fn, categories=(*HOSTILE, *SEGMENT_KINDS[1:]),
+def trajectory_fuzz(count: int, rng, maker: SegmentMaker, version_fn, categories=(*HOSTILE, *SEGMENT_KINDS[1:4]),
                     first_seq: int = 0):
     """(category, frames) for the trajectory port. Besides the hostile kinds: segments of the
     registered fuzz actor that are valid (trained on, or dropped stale when the learner moved on
-    meanwhile), stale (version 0), from a future version, and valid ones without its token; its
-    i-th message has seq first_seq + i (a seq the learner took before would be a duplicate)."""
+    meanwhile), stale (version 0), from a future version, valid ones without its token, a valid one
+    sent twice (the second copy a replay: the same seq), and one claiming env_steps = 2**63 - 1
+    (it used to end the run at once); its i-th message has seq first_seq + i."""
     bases = [maker.segment(rng, 0, B=b) for b in (1, 2, 4)]
     base_frames = [[f if isinstance(f, bytes) else np.ascontiguousarray(f).tobytes() for f in P.encode_segment(b)]
                    for b in bases]
@@ -639,7 +654,12 @@ def trajectory_fuzz(count: int, rng, maker: SegmentMaker, version_fn, categories
             seg = maker.segment(rng, version, seq=first_seq + i)
             if category == "unregistered":
                 seg.meta["token"] = str(rng.choice(["0" * 64, "x"]))
-            yield category, P.encode_segment(seg)
+            elif category == "huge_counter":
+                seg.meta["env_steps"] = 2**63 - 1
+            frames = P.encode_segment(seg)
+            if category == "replay":
+                yield "valid", frames
+            yield category, frames
             continue
         k = int(rng.integers(len(bases)))
         header = header_of(base_frames[k][0])
@@ -675,7 +695,8 @@ def fuzz(run: Run, port: str, count: int, rng, maker: SegmentMaker | None = None
     sent while the local actors are paused (SIGSTOP, for the seconds the sending takes): the
     learner then reads them as fast as it can. `valid` segments of the registered fuzz actor
     follow with the actors running again: the learner trains on them (or drops them stale) beside
-    the actors' own."""
+    the actors' own; among them replays (dropped as duplicate) and ones claiming a huge env_steps
+    (refused as bad_counter)."""
     row = Row(f"fuzz {port} port")
     eps = endpoints(run)
     probe = VersionProbe(run, maker.token) if maker is not None else None
@@ -708,7 +729,8 @@ def fuzz(run: Run, port: str, count: int, rng, maker: SegmentMaker | None = None
         if port == "trajectory":
             _wait_acks(peer, sum(sent.values()) - 3, t0 + timeout_s)
         if valid:
-            _send_all(peer, trajectory_fuzz(valid, rng, maker, probe, categories=SEGMENT_KINDS[:1], first_seq=count),
+            _send_all(peer, trajectory_fuzz(valid, rng, maker, probe, categories=("valid", "replay", "huge_counter"),
+                                              first_seq=count),
                       sent, probe, t0 + timeout_s)
             _wait_acks(peer, sum(sent.values()) - 3, t0 + timeout_s)
         peer.settle(timeout_s=60)
@@ -1062,6 +1084,7 @@ def launcher_sigint(run: Run, start_step: int) -> tuple[Row, int | None]:
         row.problems.append(f"left running: {sorted({v[1] for v in run.alive().values()})}")
     row.accounts = acc = run.accounts(current=False)
     row.problems += _final_accounting(acc, step, start_step, run.ranks)
+    row.exit_code = code
     row.outcome = f"exit {code} after {took:.1f} s, final checkpoint step {step}"
     return row, step
 
@@ -1136,6 +1159,7 @@ def learner_kill(run: Run, during_save: bool, rng: random.Random) -> tuple[Row, 
         row.problems.append("accounting: acked != trained + dropped + buffered")
     newest = find_latest(run.dir)
     newest_step = int(TAG_RE.match(newest.name).group(1)) if newest is not None else None
+    row.exit_code = code
     row.outcome = f"killed {where}; launcher exit {code}; newest complete checkpoint step {newest_step}"
     return row, newest_step, where
 
@@ -1147,7 +1171,7 @@ def launcher_sigkill(run: Run, within_s: float = 5.0) -> Row:
     modules = sorted({v[1] or "?" for v in procs.values()})
     t0 = time.time()
     _kill(run.proc.pid)
-    run.proc.wait()
+    row.exit_code = run.proc.wait()
     while run.alive() and time.time() - t0 < within_s:
         time.sleep(0.05)
     left = run.alive()
@@ -1208,6 +1232,7 @@ def escaping_names(out: Path) -> Row:
                               env=dict(os.environ, TMPDIR=str(work), PYTHONUNBUFFERED="1"))
     finally:
         learner.close()
+    row.exit_code = proc.returncode
     actor_refused = proc.returncode == 1 and "refusing its files" in proc.stderr
     written = [str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir()]
     row.tried, row.seconds = len(cases) + 1, time.time() - t0
@@ -1220,6 +1245,126 @@ def escaping_names(out: Path) -> Row:
         row.problems.append(f"asyncvla actor: exit {proc.returncode}, {proc.stderr[-300:]!r}")
     row.outcome = (f"{refused}/{len(cases)} joins refused the files, `asyncvla actor` exit {proc.returncode} "
                    f"(refused); {len(written)} files written")
+    return row
+
+
+# ------------------------------------------------------------------- careless configs and disks
+NONFINITE_KEYS = ("learner.lr=inf", "learner.adam_eps=nan", "learner.max_abs_reward=-inf", "learner.value_lr=nan")
+
+
+def nonfinite_config() -> Row:
+    """`asyncvla train` with a float key set to nan or inf: one line naming the key, exit 2, before
+    any rank starts (learner.lr=inf used to publish NaN weights from version 1 and stall)."""
+    row = Row("config: nan/inf values", tried=len(NONFINITE_KEYS))
+    t0, codes = time.time(), []
+    for key in NONFINITE_KEYS:
+        r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "train", CONFIG, key,
+                            "logging.output_dir=/nonexistent"], capture_output=True, text=True, timeout=120, cwd=REPO)
+        codes.append(r.returncode)
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        if r.returncode != 2 or len(lines) != 1 or f"{key} is not allowed" not in lines[0]:
+            row.problems.append(f"{key}: exit {r.returncode}, {r.stderr[-200:]!r}")
+    row.exit_code = max(codes, key=abs)
+    row.seconds = time.time() - t0
+    row.outcome = f"each refused in one line naming the key; exit codes {codes}"
+    return row
+
+
+def _short_run(out: Path, name: str, overrides: list[str]) -> tuple[subprocess.CompletedProcess, str, Accounts | None]:
+    """A 1-actor `asyncvla train` on the pixel task (tests/test_e2e.py SMALL) to its end: the
+    process, its output, its final accounting (None when it wrote none)."""
+    from tests.test_e2e import SMALL, train_pixel_task
+    r = train_pixel_task(out, name, [*SMALL, *SMALL_BACKBONE, *overrides], timeout=300)
+    records = _read_accounting(out / name, 1)
+    return r, r.stdout + r.stderr, Accounts.of(records) if records else None
+
+
+def diverging_run(out: Path) -> Row:
+    """learner.lr=1e6 blows the weights up in an update or two; later losses are non-finite. Those
+    optimizer steps are skipped and counted; the second in a row stops the run with one line naming
+    the update, exit non-zero; the launcher names the newest complete checkpoint by the step it
+    holds, whose weights and EMA are finite, or says there is none (the first update already broke
+    the weights: then nothing was saved)."""
+    import torch
+
+    from asyncvla.learner import checkpoint as ck
+    from asyncvla.learner.export import consolidate
+
+    row, t0 = Row("diverging run (learner.lr=1e6)", tried=1), time.time()
+    r, text, row.accounts = _short_run(out, "diverge", [
+        "learner.lr=1e6", "learner.value_lr=1e6", "learner.max_steps=30", "learner.max_nonfinite_steps=2",
+        "checkpoint.save_interval=1"])
+    row.exit_code, row.seconds = r.returncode, time.time() - t0
+    stops = [line for line in text.splitlines() if "stopped: update" in line]
+    if r.returncode == 0:
+        row.problems.append("exit 0")
+    if len(stops) != 1 or "2 optimizer steps in a row were non-finite" not in stops[0] \
+            or "learner.max_nonfinite_steps=2" not in stops[0]:
+        row.problems.append(f"not one stop line naming the update and the key: {stops or text[-300:]!r}")
+        return row
+    stopped_at = int(stops[0].split("stopped: update ")[1].split(":")[0])
+    if stopped_at > 10:
+        row.problems.append(f"stopped only at update {stopped_at}")
+    if row.accounts is None or row.accounts.nonfinite_steps < 2:
+        row.problems.append("the accounting does not count the skipped steps")
+    latest = ck.find_latest(out / "diverge")
+    if latest is None:
+        if "no complete checkpoint to resume from" not in text or \
+                list((out / "diverge" / "checkpoints").glob("step_*")):
+            row.problems.append("no checkpoint, yet the launcher did not say so or one was started")
+        row.outcome = f"stopped at update {stopped_at} in one line; the first update broke the weights: nothing saved"
+        return row
+    step = ck.read_marker(latest)["step"]
+    if step >= stopped_at or f"newest complete checkpoint: {latest}; it holds step {step};" not in text:
+        row.problems.append(f"the launcher did not name {latest.name} (step {step})")
+    finite = all(torch.isfinite(w).all() for w in consolidate(latest).values() if w.is_floating_point()) and \
+        all(torch.isfinite(w).all() for w in ck.read_client_state(latest)["ema"]["shadow"].values())
+    if not finite:
+        row.problems.append(f"{latest.name} holds non-finite weights")
+    row.outcome = f"stopped at update {stopped_at} in one line; newest checkpoint step {step}, its weights finite"
+    return row
+
+
+def unwritable_checkpoints(out: Path) -> Row:
+    """Where RUN/checkpoints cannot be made (a regular file is in its way: that fails as root too),
+    the learner stops at start-up with the OS error and the key to change, exit non-zero."""
+    row, t0 = Row("checkpoint folder not writable", tried=1), time.time()
+    blocked = out / "blocked"
+    blocked.mkdir(parents=True, exist_ok=True)
+    (blocked / "checkpoints").write_text("not a folder")
+    r, text, _ = _short_run(out, "blocked", ["learner.max_steps=2"])
+    row.exit_code, row.seconds = r.returncode, time.time() - t0
+    if r.returncode == 0:
+        row.problems.append("exit 0")
+    for said in (f"checkpoints cannot be written in {blocked / 'checkpoints'}", "FileExistsError",
+                 "set logging.output_dir to a writable place", "no complete checkpoint to resume from"):
+        if said not in text:
+            row.problems.append(f"did not say {said!r}")
+    row.outcome = "stopped at start-up with the OS error and the key to change"
+    return row
+
+
+def final_save_fails(out: Path) -> Row:
+    """A final checkpoint that cannot be written (a file where its folder must go) makes the run
+    exit non-zero; the launcher names the newest complete checkpoint and the step it holds, not
+    the step the run stopped at (it used to say "final checkpoint" of a step 42 updates back)."""
+    row, t0 = Row("final save fails", tried=1), time.time()
+    ckpts = out / "final" / "checkpoints"
+    ckpts.mkdir(parents=True, exist_ok=True)
+    (ckpts / "step_00000003").write_text("in the way of the final save")
+    r, text, row.accounts = _short_run(out, "final", ["learner.max_steps=3", "checkpoint.save_interval=2"])
+    row.exit_code, row.seconds = r.returncode, time.time() - t0
+    if r.returncode == 0:
+        row.problems.append("exit 0")
+    for said in ("stopped: the final checkpoint (update 3) could not be written", "File exists",
+                 f"newest complete checkpoint: {ckpts / 'step_00000002'}; it holds step 2;"):
+        if said not in text:
+            row.problems.append(f"did not say {said!r}")
+    if "Parent directory" in text:
+        row.problems.append("torch's guess ('Parent directory ...') instead of the system's reason")
+    if row.accounts is None or row.accounts.saves_failed != 1:
+        row.problems.append("the accounting does not count the failed save")
+    row.outcome = "exit non-zero; the launcher named step_00000002 (step 2), the newest complete checkpoint"
     return row
 
 
@@ -1339,6 +1484,11 @@ def run_suite(out: Path, sizes: Sizes) -> SuiteResult:
         escape.start()
     escape.join()
     rows += escaped
+    careless = out / "careless"
+    _guarded(rows, "config: nan/inf values", nonfinite_config)
+    _guarded(rows, "diverging run (learner.lr=1e6)", diverging_run, careless)
+    _guarded(rows, "checkpoint folder not writable", unwritable_checkpoints, careless)
+    _guarded(rows, "final save fails", final_save_fails, careless)
     rows.append(_crash_row(runs))
     return SuiteResult(rows, sizes, time.time() - t_start, rss, no_disk)
 

@@ -86,68 +86,7 @@ def test_resume_from_the_checkpoints_folder_with_periodic_eval_ends_by_itself(tm
     assert (run / "checkpoints" / "step_00000004" / "COMPLETE.json").exists()
 
 
+# (also the fault suite's short runs: tests/faults_harness.py)
 SMALL = ["learner.batch_trajectories=4", "learner.micro_batch_size=16", "actor.num_envs=4", "actor.rollout_length=4",
          "launch.num_local_actors=1", "algorithm.num_minibatches=1", "algorithm.update_epochs=1",
          "eval.eval_interval=0"]
-
-
-def test_a_diverging_run_stops_with_one_line_and_saves_only_finite_weights(tmp_path):
-    """learner.lr=1e6 blows the weights up in one update; later losses are non-finite. Those
-    optimizer steps are skipped and counted, the second in a row stops the run with one line
-    naming the update, it exits non-zero, and the launcher names the newest complete checkpoint by
-    the step it holds — whose weights (and EMA) are finite — or says there is none when the first
-    update already broke the weights (then nothing was saved)."""
-    import torch
-
-    from asyncvla.learner import checkpoint as ck
-    from asyncvla.learner.export import consolidate
-
-    r = train_pixel_task(tmp_path, "diverge", SMALL + ["learner.lr=1e6", "learner.value_lr=1e6", "learner.max_steps=30",
-                                                       "learner.max_nonfinite_steps=2", "checkpoint.save_interval=1"],
-                         timeout=300)
-    out = r.stdout + r.stderr
-    assert r.returncode != 0, out[-3000:]
-    stops = [line for line in out.splitlines() if "stopped: update" in line]
-    assert len(stops) == 1 and "2 optimizer steps in a row were non-finite" in stops[0], out[-3000:]
-    assert "learner.max_nonfinite_steps=2" in stops[0]
-    stopped_at = int(stops[0].split("stopped: update ")[1].split(":")[0])
-    assert stopped_at <= 10, stops[0]
-    latest = ck.find_latest(tmp_path / "diverge")
-    if latest is None:          # (lr=1e6 may break the weights in the very first update: nothing fit to save)
-        assert "no complete checkpoint to resume from" in out, out[-2000:]
-        assert not list((tmp_path / "diverge" / "checkpoints").glob("step_*")), "an unfit checkpoint was started"
-        return
-    step = ck.read_marker(latest)["step"]
-    assert step < stopped_at
-    assert f"newest complete checkpoint: {latest}; it holds step {step};" in out, out[-2000:]
-    weights = consolidate(latest)
-    assert weights and all(torch.isfinite(w).all() for w in weights.values() if w.is_floating_point())
-    shadow = ck.read_client_state(latest)["ema"]["shadow"]
-    assert all(torch.isfinite(w).all() for w in shadow.values())
-
-
-def test_checkpoints_that_cannot_be_written_stop_the_run_with_the_system_s_reason(tmp_path):
-    """At start-up, where RUN/checkpoints cannot be made (here a regular file is in its way: that
-    fails as root too), the learner stops with the OS error and the key to change. And a final
-    checkpoint that cannot be written (a file where its folder must go) makes the run exit
-    non-zero; the launcher names the newest complete checkpoint and the step it holds, not the
-    step the run stopped at."""
-    blocked = tmp_path / "blocked"
-    blocked.mkdir()
-    (blocked / "checkpoints").write_text("not a folder")
-    r = train_pixel_task(tmp_path, "blocked", SMALL + ["learner.max_steps=2"], timeout=300)
-    out = r.stdout + r.stderr
-    assert r.returncode != 0
-    assert f"checkpoints cannot be written in {blocked / 'checkpoints'}" in out, out[-3000:]
-    assert "FileExistsError" in out and "set logging.output_dir to a writable place" in out
-    assert "no complete checkpoint to resume from" in out
-
-    run = tmp_path / "final"
-    (run / "checkpoints").mkdir(parents=True)
-    (run / "checkpoints" / "step_00000003").write_text("in the way of the final save")
-    r = train_pixel_task(tmp_path, "final", SMALL + ["learner.max_steps=3", "checkpoint.save_interval=2"], timeout=300)
-    out = r.stdout + r.stderr
-    assert r.returncode != 0, out[-3000:]
-    assert "stopped: the final checkpoint (update 3) could not be written" in out, out[-3000:]
-    assert "File exists" in out and "Parent directory" not in out    # the system's reason, not torch's guess
-    assert f"newest complete checkpoint: {run / 'checkpoints' / 'step_00000002'}; it holds step 2;" in out, out[-3000:]

@@ -3,7 +3,8 @@ real `asyncvla train` on loopback — DeepSpeed learner, local actors, evaluator
 attack of the reliability issue, then its table. 10^4 fuzz messages per port, a hello flood,
 spoofed heartbeats and byes, a full disk during a save, 30 s of actor churn, Ctrl-C and --resume,
 a learner SIGKILL during a save and --resume, a launcher SIGKILL, a fake learner serving escaping
-file names. ~4 minutes on 2 cores.
+file names; then careless configs and disks (nan/inf values, learner.lr=1e6, a checkpoint folder
+that cannot be written, a final save that fails). ~3-4 minutes on 2 cores.
 
 The promises checked: no learner or actor crash, no hang, no unauthorised action, learner RSS
 within its bound, every segment the learner acked trained on, dropped for a counted reason or
@@ -137,7 +138,9 @@ def test_every_attack_ran(suite):
                   "spoofed heartbeats/byes", "hello under a live actor's id", "disk full during a save",
                   "actor churn (SIGKILL)",
                   "launcher SIGINT", "learner SIGKILL during a save", "launcher SIGKILL",
-                  "fake learner: escaping file names", "learner memory (RSS, any rank)", "crashes (every run)"):
+                  "fake learner: escaping file names", "learner memory (RSS, any rank)", "crashes (every run)",
+                  "config: nan/inf values", "diverging run (learner.lr=1e6)", "checkpoint folder not writable",
+                  "final save fails"):
         assert fault in faults, (fault, faults)
     for port in ("control", "weights", "trajectory"):
         assert suite.row(f"fuzz {port} port").tried >= 10_000
@@ -160,6 +163,20 @@ def test_acked_equals_trained_plus_dropped_plus_buffered(suite):
     assert fuzz.acked >= 10_000 and fuzz.trained > 0
     assert {"stale", "future_version", "invalid"} <= set(fuzz.dropped)
     assert fuzz.invalid["unregistered"] > 0 and len(fuzz.invalid) >= 8
+    assert fuzz.dropped["duplicate"] > 0 and fuzz.invalid["bad_counter"] > 0    # replays; env_steps = 2**63 - 1
+
+
+def test_careless_configs_and_disks_stop_with_one_line_and_a_non_zero_exit(suite):
+    """learner.lr=inf and friends refused before any rank starts; learner.lr=1e6 stops within a few
+    updates, its non-finite steps counted, only finite weights saved; a checkpoint folder that
+    cannot be written stops the run at start-up; a final save that fails exits non-zero, counted,
+    and the launcher names the newest complete checkpoint (each row's checks: faults_harness)."""
+    assert suite.row("config: nan/inf values").exit_code == 2
+    diverged = suite.row("diverging run")
+    assert diverged.exit_code not in (0, None) and diverged.accounts.nonfinite_steps >= 2, diverged.outcome
+    for fault in ("checkpoint folder not writable", "final save fails"):
+        assert suite.row(fault).exit_code not in (0, None), suite.row(fault).outcome
+    assert suite.row("final save fails").accounts.saves_failed == 1
 
 
 def test_learner_memory_within_its_bound(suite):
@@ -187,3 +204,4 @@ def test_after_a_failed_save_the_run_goes_on_and_the_next_save_succeeds(suite):
     if row.skipped:
         pytest.skip(row.skipped)
     assert not row.problems and "failed" in row.outcome and "is complete" in row.outcome, row.outcome
+    assert row.accounts.saves_failed >= 1

@@ -6,12 +6,16 @@ under every attack of the reliability issue, and the table of what happened.
 Full (tests/faults_harness.py FULL, ~10 minutes on 2 cores): 10^4 fuzz messages per port, 10^4
 fake hellos, 10^4 spoofed requests, a full disk during a save, 3 minutes of actor churn (a SIGKILL
 every 10 s), Ctrl-C and --resume, 4 learner SIGKILLs (2 during a save) each followed by --resume,
-a launcher SIGKILL, a fake learner serving escaping file names. --quick runs the suite of `make
+a launcher SIGKILL, a fake learner serving escaping file names; then careless configs and disks: nan/inf
+config values, a diverging run (learner.lr=1e6), a checkpoint folder that cannot be written, a
+final save that fails. --quick runs the suite of `make
 test` (tests/test_faults.py, 1 rank, 30 s of churn, 1 learner kill; ~4 minutes).
 
 The figures: crashes, hangs, unauthorised actions and unaccounted segments (each goal 0), the
 learner's RSS growth under attack against its bound, the processes left 5 s after the launcher's
-SIGKILL, the fuzz messages per port. The JSON holds every row of the table.
+SIGKILL, the fuzz messages per port, the careless runs' exit codes, non-finite steps skipped and
+saves failed. The JSON holds every row of the table (messages sent, drops by reason, non-finite
+steps, saves failed, exit code).
 """
 
 from __future__ import annotations
@@ -68,9 +72,33 @@ def figures(results: dict) -> list[report.Figure]:
         report.Figure("faults", "failed save, then the next one succeeds", None if disk["skipped"] else
                       int(not disk["problems"]), goal="1", met=None if disk["skipped"] else not disk["problems"],
                       note=disk["skipped"]),
+        *careless_figures(rows),
         report.Figure("faults", "fuzz messages per port (least)", min(fuzzed) if fuzzed else None,
                       goal=">= 10,000", met=report.at_least(min(fuzzed) if fuzzed else None, 10_000)),
     ]
+
+
+def careless_figures(rows: list[dict]) -> list[report.Figure]:
+    """Exit codes and counts of the careless configs and disks (tests/faults_harness.py)."""
+    by = {r["fault"]: r for r in rows}
+    out = []
+    for fault, goal in (("config: nan/inf values", 2), ("diverging run (learner.lr=1e6)", "!= 0"),
+                        ("checkpoint folder not writable", "!= 0"), ("final save fails", "!= 0")):
+        r = by.get(fault)
+        code = None if r is None else r["exit_code"]
+        met = None if code is None else (code == goal if isinstance(goal, int) else code != 0)
+        out.append(report.Figure("faults", f"{fault}: exit code", code, goal=f"= {goal}" if isinstance(goal, int)
+                                 else goal, met=met and not r["problems"], note="; ".join(r["problems"])[:200]
+                                 if r else "not run"))
+    diverged = (by.get("diverging run (learner.lr=1e6)") or {}).get("accounts") or {}
+    out.append(report.Figure("faults", "diverging run: non-finite steps skipped before the stop",
+                             diverged.get("nonfinite_steps"), goal="= 2 (learner.max_nonfinite_steps)",
+                             met=diverged.get("nonfinite_steps") == 2 if diverged else None))
+    failed = sum(((r.get("accounts") or {}).get("saves_failed", 0)) for r in rows
+                 if r["fault"] in ("disk full during a save", "final save fails"))
+    out.append(report.Figure("faults", "failed saves counted (disk full, final save)", failed, goal=">= 2",
+                             met=failed >= 2))
+    return out
 
 
 if __name__ == "__main__":
