@@ -331,6 +331,8 @@ class PlacementConfig:
 class LaunchConfig:
     num_learner_ranks: int = opt(1, "learner processes on this machine (deepspeed --num_gpus)", ge=1)
     hostfile: Optional[str] = opt(None, "deepspeed hostfile for multi-node learners")
+    actor_hostfile: Optional[str] = opt(None, "hosts that each run an actor fleet over ssh, one 'HOST slots=N' "
+                                        "per line (N actors there; `asyncvla actors`)")
     num_local_actors: int = opt(2, "actor processes started beside the learner", ge=0)
     restart_actors: bool = opt(True, "restart a local actor that crashes")
     max_actor_restarts: int = opt(5, "give up on an actor after this many restarts", ge=0)

@@ -22,7 +22,7 @@ SUPPORTED_MODEL_TYPES = ("idefics3", "smolvlm")
 
 
 def problems(cfg: Config, ports: bool = True) -> list[str]:
-    out = _pretrained(cfg.policy.pretrained_path) + _keys(cfg)
+    out = _pretrained(cfg.policy.pretrained_path) + _keys(cfg) + _actor_hosts(cfg)
     if ports:
         out += busy_ports(cfg)
     return out
@@ -54,6 +54,28 @@ def _pretrained(path: str | None) -> list[str]:
         return [f"{key}: holds a {model_type!r} model; supported: {', '.join(SUPPORTED_MODEL_TYPES)} "
                 "(vision_model + connector + text_model + lm_head) or a policy saved by asyncvla"]
     return []
+
+
+def _actor_hosts(cfg: Config) -> list[str]:
+    """launch.actor_hostfile: readable, well-formed, and hosts other than this one can reach the
+    learner (it must not bind loopback only)."""
+    if not cfg.launch.actor_hostfile:
+        return []
+    from asyncvla.launch.fleet import HostfileError, read_hostfile
+    try:
+        hosts = read_hostfile(cfg.launch.actor_hostfile)
+    except HostfileError as e:
+        return [f"launch.actor_hostfile: {e}"]
+    remote = [h.name for h in hosts if not _loopback(h.name)]
+    if remote and _loopback(cfg.transport.bind_host):
+        return [f"launch.actor_hostfile names {', '.join(remote[:3])}, which cannot reach a learner bound to "
+                f"transport.bind_host={cfg.transport.bind_host}: set transport.bind_host=0.0.0.0 with "
+                "transport.keys_dir (CURVE keys), and transport.advertise_host to an address they reach"]
+    return []
+
+
+def _loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.")
 
 
 def _keys(cfg: Config) -> list[str]:

@@ -17,6 +17,8 @@ SUBCOMMANDS = [
     "asyncvla.launch.train",
     "asyncvla.launch.pipeline",
     "asyncvla.launch.actor_cmd",
+    "asyncvla.launch.fleet",
+    "asyncvla.launch.actor_host",
     "asyncvla.launch.eval_cmd",
     "asyncvla.launch.export_cmd",
     "asyncvla.launch.config_cmd",

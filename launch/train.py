@@ -8,10 +8,15 @@ actor that crashes (up to launch.max_actor_restarts), and when the learner ends 
 With launch.placement (common/placement.py) the learner ranks and the actors run on the cores it
 names: each rank pins itself to its slice, each actor to the cores given in $ASYNCVLA_CORES.
 
+With launch.actor_hostfile (--actor-hostfile) it also starts an actor fleet on each host listed
+there, over ssh (launch/fleet.py: `asyncvla actors`), before the learner is up; with CURVE keys,
+the client bundles the hosts need are made in transport.keys_dir first.
+
 Stopping: Ctrl-C (SIGINT) or SIGTERM asks the learner ranks to stop — SIGTERM to each rank
 directly, because the deepspeed runner dies on it at once and would take the ranks with it. They
 finish the current update, write a final checkpoint, tell the actors ("shutdown") and exit; the
-launcher then names the checkpoint and how to resume (`--resume RUN`) and exits with 0. The ranks
+launcher then names the checkpoint and how to resume (`--resume RUN`), stops the actor fleets
+and exits with 0. The ranks
 get --stop-grace-s (60 s by default) for that; a second Ctrl-C, or a learner still running after
 the grace period, kills the run, which then resumes from its last complete checkpoint. With
 --hostfile the ranks on other machines are out of the launcher's reach: a stop kills the run.
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -37,8 +43,10 @@ from asyncvla.common import placement, preflight
 from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides, to_yaml
 from asyncvla.common.rundir import run_dir as run_dir_of_config
 from asyncvla.common.signals import LAUNCHER_PID_ENV, descendants, die_with_parent, python_module
+from asyncvla.launch.fleet import HostfileError
 
 STOP_GRACE_S = 60.0          # for a stopping learner to finish its update and save (--stop-grace-s)
+FLEET_GONE_S = 30.0          # every actor host ended, no local actor: the learner waits this long to end
 LEARNER_MODULE = "asyncvla.learner.main"
 
 
@@ -50,6 +58,8 @@ def add_parser(sub) -> None:
     p.add_argument("--resume", metavar="RUN_DIR_OR_CKPT",
                    help="continue from a run directory's latest complete checkpoint, or a checkpoint")
     p.add_argument("--hostfile", help="deepspeed hostfile for multi-node learners (configs/hostfile.example)")
+    p.add_argument("--actor-hostfile", help="hosts that each run an actor fleet over ssh, 'HOST slots=N' per line "
+                                            "(launch.actor_hostfile; see `asyncvla actors --help`)")
     p.add_argument("--sync", action="store_true",
                    help="serialise rollout and training (the synchronous baseline)")
     p.add_argument("--num-learner-ranks", type=int, help="learner ranks on this machine (launch.num_learner_ranks)")
@@ -63,6 +73,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     overrides = parse_overrides(args.overrides)
     for flag, key in ((args.resume, "checkpoint.resume"), (args.hostfile, "launch.hostfile"),
+                      (args.actor_hostfile, "launch.actor_hostfile"),
                       (args.num_learner_ranks, "launch.num_learner_ranks"),
                       (args.num_actors, "launch.num_local_actors")):
         if flag is not None:
@@ -93,6 +104,11 @@ def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
               "logging.output_dir/logging.experiment_name: set logging.output_dir to a writable place",
               file=sys.stderr, flush=True)
         return 2
+    try:
+        fleet = actor_fleet(cfg, run_dir)
+    except HostfileError as e:
+        print(f"asyncvla: cannot start: launch.actor_hostfile: {e}", file=sys.stderr, flush=True)
+        return 2
     children = Children()
     stop = StopRequests()
     # (each learner rank pins itself to its slice: learner/main.py; an actor applies what it is given)
@@ -112,10 +128,20 @@ def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
     evaluator = None
     if cfg.eval.eval_interval:
         evaluator = children.start("evaluator", evaluator_command(control, run_dir, keys))
+    if fleet is not None:
+        fleet.start()
     print(f"asyncvla: run dir {run_dir}; tensorboard --logdir {run_dir / 'tb'}", flush=True)
+    fleet_gone_at = None
     try:
         while learner.poll() is None and not stop.count:
             time.sleep(0.5)
+            if fleet is not None and not fleet.poll() and not actors:
+                # (the fleet also ends when a finished learner tells the actors: give it time to exit)
+                fleet_gone_at = fleet_gone_at or time.time()
+                if time.time() - fleet_gone_at > FLEET_GONE_S:
+                    print("asyncvla: every actor host has ended and no local actor runs; stopping the run",
+                          file=sys.stderr, flush=True)
+                    return 1
             for i, proc in list(actors.items()):
                 code = proc.poll()
                 if code is None or stop.count:
@@ -130,7 +156,7 @@ def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
                 if code != 0:
                     print(f"asyncvla: actor {i} exited with {code}; giving up on it "
                           f"(launch.max_actor_restarts={cfg.launch.max_actor_restarts})", file=sys.stderr, flush=True)
-                    if not actors:   # nothing left to feed the learner: waiting would hang the run
+                    if not actors and not (fleet and fleet.poll()):   # nothing left to feed the learner
                         print("asyncvla: every local actor has failed; stopping the run (see the actor "
                               "errors above)", file=sys.stderr, flush=True)
                         return 1
@@ -139,6 +165,8 @@ def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
                                 stop_grace_s)
         if learner.returncode == 0:   # the learner told the actors it is done: let them finish
             _wait_all(list(actors.values()), timeout=20.0, stop=stop)
+            if fleet is not None:
+                fleet.wait(20.0)
             if evaluator is not None:   # ... and the evaluator its last evaluation
                 _wait_all([evaluator], timeout=cfg.eval.final_eval_timeout_s, stop=stop)
         else:
@@ -146,6 +174,8 @@ def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
                   f"{resume_hint(run_dir)}", file=sys.stderr, flush=True)
         return learner.returncode
     finally:
+        if fleet is not None:
+            fleet.stop()
         children.stop_all()
 
 
@@ -186,6 +216,34 @@ def stop_learner(cfg: Config, run_dir: Path, learner, actors: list, evaluator, c
         print(f"asyncvla: stopped; final checkpoint {latest[0]}; it holds step {latest[1]}; to continue, run "
               f"the same command with --resume {run_dir}", flush=True)
     return 0
+
+
+def actor_fleet(cfg: Config, run_dir: Path):
+    """launch.actor_hostfile's fleets (launch/fleet.py), not started yet, or None. With CURVE keys
+    each host gets a client bundle of transport.keys_dir: missing ones are made here, before the
+    learner starts (it reads its authorized clients once)."""
+    if not cfg.launch.actor_hostfile:
+        return None
+    from asyncvla.launch.fleet import Fleet, client_bundles, read_hostfile
+    hosts = read_hostfile(cfg.launch.actor_hostfile)
+    keys = cfg.transport.keys_dir
+    if keys:
+        from asyncvla.common.sockets import CLIENTS_DIR
+        from asyncvla.launch.keygen import generate
+        have = len([p for p in (Path(keys) / CLIENTS_DIR).glob("client_*") if p.is_dir()])
+        if have < len(hosts):
+            generate(keys, len(hosts) - have)
+            print(f"asyncvla: made {len(hosts) - have} client key bundles in {keys}/{CLIENTS_DIR} for the actor hosts",
+                  flush=True)
+        client_bundles(keys, len(hosts))
+    return Fleet(hosts, f"tcp://{_fleet_host(cfg)}:{cfg.transport.control_port}", run_dir, keys,
+                 cfg.launch.max_actor_restarts if cfg.launch.restart_actors else 0, str(cfg.launch.placement.actors))
+
+
+def _fleet_host(cfg: Config) -> str:
+    """The learner's address as other hosts reach it."""
+    host = cfg.transport.advertise_host or cfg.transport.bind_host
+    return socket.gethostname() if host in ("0.0.0.0", "*") else host
 
 
 def newest_checkpoint(run_dir: Path) -> tuple[Path, int] | None:

@@ -1,0 +1,247 @@
+"""Actor fleets on two "hosts" through `asyncvla train --actor-hostfile`, for real: ssh to a private
+sshd on 127.0.0.2 and 127.0.0.3 (tests/benchmarks/multinode.py), one supervisor per host
+(`asyncvla actor-host`), CURVE client keys handed out over the ssh channel.
+
+1. To the budget: both hosts' actors join a local ZeRO-3 learner and train it to learner.max_steps;
+   every process on both hosts ends, and the keys each host got are gone.
+2. Under faults, with a third host that cannot be reached: it is named in one line and the others
+   train; each host's keys are private (0700 folder, 0600 files) while it runs; a remote actor
+   killed with SIGKILL is restarted by its host's supervisor; Ctrl-C to the launcher writes a
+   final checkpoint and leaves no process on any host 5 s after it exits.
+
+~2 minutes on 2 cores. Needs root (sshd, an ssh client drop-in) like tests/test_multinode.py.
+`asyncvla actors --hostfile` against a learner started apart runs the same Fleet (launch/fleet.py);
+its hostfile and key errors are checked first, without ssh.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.benchmarks import multinode
+from tests.ports import free_ports
+from tests.test_e2e_system import SMALL_BACKBONE
+
+REPO = Path(__file__).resolve().parents[1]
+HOSTS = ("127.0.0.2", "127.0.0.3")
+UNREACHABLE = "127.0.0.4"          # no sshd listens there
+SMALL = ["learner.batch_trajectories=4", "learner.micro_batch_size=16", "actor.num_envs=4", "actor.rollout_length=4",
+         "algorithm.num_minibatches=1", "algorithm.update_epochs=1", "eval.eval_interval=0",
+         "launch.num_local_actors=0", "transport.bind_host=0.0.0.0", "logging.progress=false", *SMALL_BACKBONE]
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    missing = multinode.prerequisites()
+    if missing:
+        pytest.skip(missing)
+    from asyncvla.launch.keygen import generate
+    tmp = tmp_path_factory.mktemp("fleet")
+    generate(tmp / "keys", 0)          # the learner's keys; `train --actor-hostfile` adds a bundle per host
+    ssh_port, = free_ports(1)
+    (tmp / "ssh_port").write_text(str(ssh_port))
+    with multinode.ssh_nodes(tmp / "ssh", HOSTS, ssh_port):
+        yield tmp
+    multinode._kill_leftovers(str(tmp))
+
+
+def start_train(tmp: Path, name: str, host_lines: list[str] | None, overrides: list[str]) -> tuple[subprocess.Popen, Path]:
+    """`asyncvla train` with CURVE keys on free ports, its actors from `host_lines` (--actor-hostfile)."""
+    ssh_port = int((tmp / "ssh_port").read_text())      # (free on 127.0.0.1, not on the hosts' addresses)
+    control, weights, trajectory, master = next(p for p in iter(lambda: free_ports(4), None) if ssh_port not in p)
+    fleet = []
+    if host_lines:
+        hostfile = tmp / f"{name}.hosts"
+        hostfile.write_text("".join(f"{h} slots=1\n" for h in host_lines))
+        fleet = ["--actor-hostfile", str(hostfile)]
+    env_file = tmp / "deepspeed_env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in multinode.RANK_ENV.items()))
+    log = tmp / f"{name}.log"
+    cmd = [sys.executable, "-m", "asyncvla.launch.cli", "train", "configs/pixel_task.yaml", *SMALL, *overrides,
+           f"logging.output_dir={tmp / 'runs'}", f"logging.experiment_name={name}",
+           f"transport.keys_dir={tmp / 'keys'}", f"transport.control_port={control}",
+           f"transport.weights_port={weights}", f"transport.trajectory_port={trajectory}",
+           f"launch.master_port={master}", *fleet]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(os.environ, DS_ENV_FILE=str(env_file), PYTHONUNBUFFERED="1"))
+    return proc, log
+
+
+def wait_for(log: Path, pattern: str, proc: subprocess.Popen, timeout: float = 240) -> re.Match:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        m = re.search(pattern, log.read_text(errors="replace"))
+        if m:
+            return m
+        if proc.poll() is not None:
+            break
+        time.sleep(0.3)
+    raise AssertionError(f"no {pattern!r} in the log (exit {proc.poll()}):\n{log.read_text(errors='replace')[-4000:]}")
+
+
+def processes_naming(marker: str) -> list[str]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
+            except OSError:
+                continue
+            if marker in cmdline:
+                out.append(f"{entry.name}: {cmdline[:160]}")
+    return out
+
+
+def remote_actor_pid(run_dir: Path, actor_id: str) -> int | None:
+    for line in processes_naming(str(run_dir)):
+        pid, cmdline = line.split(": ", 1)
+        if " actor " in cmdline and f"--actor-id {actor_id} " in cmdline:
+            return int(pid)
+    return None
+
+
+def test_hostfiles_are_read_as_deepspeed_writes_them_and_errors_name_the_line(tmp_path):
+    from asyncvla.launch.fleet import HostfileError, client_bundles, read_hostfile
+    from asyncvla.launch.keygen import generate
+
+    f = tmp_path / "hosts"
+    f.write_text("# actor nodes\nnode-a slots=16\n\nnode-b   slots = 4  # small one\nnode-c\n")
+    hosts = read_hostfile(f)
+    assert [(h.name, h.actors, h.first_index) for h in hosts] == [("node-a", 16, 0), ("node-b", 4, 16),
+                                                                   ("node-c", 1, 20)]
+    assert [h.actors for h in read_hostfile(f, per_host=2)] == [2, 2, 2]
+    for text, said in (("node-a slots=x\n", ":1: 'node-a slots=x' is not 'HOST slots=N'"),
+                       ("a slots=1\na slots=2\n", ":2: host a is listed twice"),
+                       ("a slots=0\n", "slots=0: a host needs at least 1 actor"), ("# none\n", "names no host")):
+        f.write_text(text)
+        with pytest.raises(HostfileError, match=re.escape(said)):
+            read_hostfile(f)
+    with pytest.raises(HostfileError, match="cannot read the actor hostfile"):
+        read_hostfile(tmp_path / "missing")
+    generate(tmp_path / "keys", 1)
+    assert len(client_bundles(tmp_path / "keys", 1)) == 1
+    with pytest.raises(HostfileError, match=r"3 actor hosts need 3 client key bundles, .* has 1: run "
+                                            r"`asyncvla keygen .* --clients 2`"):
+        client_bundles(tmp_path / "keys", 3)
+
+
+def test_a_learner_bound_to_loopback_is_refused_for_remote_actor_hosts(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("node-a slots=2\n")
+    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "train", "configs/pixel_task.yaml",
+                        f"launch.actor_hostfile={f}", f"logging.output_dir={tmp_path}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "launch.actor_hostfile names node-a, which cannot reach a learner bound to " \
+        "transport.bind_host=127.0.0.1: set transport.bind_host=0.0.0.0" in r.stderr, r.stderr
+
+
+def test_fleets_on_two_hosts_train_to_the_budget_and_leave_nothing(hosts):
+    """`asyncvla actors` beside a learner started apart: its hosts' actors join and train it."""
+    from asyncvla.launch.keygen import generate
+    generate(hosts / "keys", 2)                # (the learner reads its authorized clients at start)
+    proc, log = start_train(hosts, "budget", None, ["learner.max_steps=6"])
+    run = hosts / "runs" / "budget"
+    fleet_log = hosts / "budget-actors.log"
+    try:
+        control = wait_for(log, r"actors join at (\S+)", proc).group(1)
+        hostfile = hosts / "budget.hosts"
+        hostfile.write_text("".join(f"{h} slots=4\n" for h in HOSTS))
+        with open(fleet_log, "wb") as out:
+            fleet = subprocess.Popen([sys.executable, "-m", "asyncvla.launch.cli", "actors", "--hostfile", str(hostfile),
+                                      "--per-host", "1", "--learner", control, "--keys-dir", str(hosts / "keys"),
+                                      "--run-dir", str(run)], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                     env=dict(os.environ, DS_ENV_FILE=str(hosts / "deepspeed_env")))
+        code = proc.wait(timeout=300)
+        fleet_code = fleet.wait(timeout=60)
+    finally:
+        multinode._stop_group(proc)
+    text = log.read_text(errors="replace")
+    assert code == 0, text[-4000:]
+    assert "finished at step 6" in text
+    text = fleet_log.read_text(errors="replace")
+    assert fleet_code == 0, text
+    for host in HOSTS:
+        assert f"asyncvla actors: {host}: 1/1 actors running" in text, text[-3000:]
+        actor_log = (run / "actors" / host / "actor_0.log").read_text(errors="replace")
+        assert "first segment sent" in actor_log, actor_log[-2000:]
+        assert not (run / "actors" / host / "keys").exists()        # deleted when the host stopped
+    time.sleep(1)
+    assert not processes_naming(str(run)), processes_naming(str(run))
+
+
+def test_a_crash_an_unreachable_host_and_ctrl_c(hosts):
+    proc, log = start_train(hosts, "faults", [*HOSTS, UNREACHABLE], ["learner.max_steps=1000000",
+                                                                    "checkpoint.save_interval=5"])
+    run = hosts / "runs" / "faults"
+    try:
+        wait_for(log, rf"asyncvla actors: {re.escape(UNREACHABLE)}: cannot be reached .*the other hosts go on", proc)
+        for host in HOSTS:
+            wait_for(log, rf"asyncvla actors: {re.escape(host)}: 1/1 actors running", proc)
+            keys = run / "actors" / host / "keys"
+            assert stat.S_IMODE(keys.stat().st_mode) == 0o700
+            assert {stat.S_IMODE(p.stat().st_mode) for p in keys.iterdir()} == {0o600}
+            assert {p.name for p in keys.iterdir()} == {"client.key", "client.key_secret", "server.key"}
+        wait_for(log, r"checkpoint \S*step_00000005 complete", proc)          # both hosts' actors feed the learner
+
+        victim = remote_actor_pid(run, f"{HOSTS[0]}-0")
+        assert victim is not None, processes_naming(str(run))
+        os.kill(victim, signal.SIGKILL)
+        wait_for(log, rf"{re.escape(HOSTS[0])}: actor {re.escape(HOSTS[0])}-0 exited with -9; restart 1/", proc)
+        wait_for(log, r"checkpoint \S*step_00000010 complete", proc)          # and training goes on
+
+        os.kill(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=120)
+        gone_at = time.time()
+    finally:
+        multinode._stop_group(proc)
+    text = log.read_text(errors="replace")
+    assert code == 0, text[-4000:]
+    final = re.search(r"stopped; final checkpoint (\S+); it holds step (\d+)", text)
+    assert final and (Path(final.group(1)) / "COMPLETE.json").exists(), text[-3000:]
+    while processes_naming(str(run)) and time.time() - gone_at < 5:
+        time.sleep(0.2)
+    assert not processes_naming(str(run)), processes_naming(str(run))
+
+
+def test_ctrl_c_to_asyncvla_actors_stops_every_remote_actor_within_seconds(hosts):
+    """The learner keeps running; Ctrl-C to `asyncvla actors` closes each host's channel and its
+    supervisor stops the actors: nothing of the fleet is left once the command has exited."""
+    from asyncvla.launch.keygen import generate
+    generate(hosts / "keys", 2)
+    proc, log = start_train(hosts, "stop", None, ["learner.max_steps=1000000", "checkpoint.save_interval=2"])
+    run = hosts / "runs" / "stop"
+    fleet_log = hosts / "stop-actors.log"
+    try:
+        control = wait_for(log, r"actors join at (\S+)", proc).group(1)
+        hostfile = hosts / "stop.hosts"
+        hostfile.write_text("".join(f"{h} slots=1\n" for h in HOSTS))
+        with open(fleet_log, "wb") as out:
+            fleet = subprocess.Popen([sys.executable, "-m", "asyncvla.launch.cli", "actors", "--hostfile", str(hostfile),
+                                      "--learner", control, "--keys-dir", str(hosts / "keys"), "--run-dir", str(run)],
+                                     cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        for host in HOSTS:
+            wait_for(fleet_log, rf"{re.escape(host)}: 1/1 actors running", fleet)
+        wait_for(log, r"checkpoint \S*step_00000002 complete", proc)
+        t0 = time.time()
+        fleet.send_signal(signal.SIGINT)
+        fleet_code = fleet.wait(timeout=30)
+        took = time.time() - t0
+        left = [p for p in processes_naming(str(run)) if " actor" in p]
+        assert proc.poll() is None                       # the learner is not the fleet's to stop
+    finally:
+        multinode._stop_group(proc)
+    text = fleet_log.read_text(errors="replace")
+    assert fleet_code == 0 and not left, (left, text)
+    assert took < 15 and "stopping every host's actors" in text, (took, text)
+    for host in HOSTS:
+        assert f"{host}: stopped;" in text, text
