@@ -9,6 +9,10 @@ up to --max-restarts times. It prints one "actor-host:" line whenever its fleet 
 It stops its actors (SIGTERM, then SIGKILL after 10 s), deletes the keys and exits when its stdin
 closes (the launcher's stop, or its ssh connection gone), when its parent changes (sshd ended),
 on SIGINT/SIGTERM, or when every actor has ended (the learner's "shutdown": exit 0).
+
+Started by srun or by hand instead (launch/slurm/asyncvla.sbatch): --no-stdin (no keys line, and
+only signals stop it) and --keys-dir BUNDLE (a client bundle on a shared filesystem, used in
+place and kept).
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ def add_parser(sub) -> None:
     p.add_argument("--run-dir", required=True)
     p.add_argument("--max-restarts", type=int, default=5)
     p.add_argument("--placement", default="all")
+    p.add_argument("--keys-dir", help="a client key bundle to use in place (with --no-stdin)")
+    p.add_argument("--no-stdin", action="store_true",
+                   help="not started by `asyncvla actors`: read no keys from stdin, stop on signals only")
     p.set_defaults(func=run)
 
 
@@ -49,20 +56,28 @@ def run(args) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        first = json.loads(sys.stdin.readline() or "{}")
+        first = {} if args.no_stdin else json.loads(sys.stdin.readline() or "{}")
         folder.mkdir(parents=True, exist_ok=True)
         keys = write_keys(folder / "keys", first.get("keys") or {})
+        if args.keys_dir:
+            if keys is not None:
+                raise ValueError("--keys-dir and keys on stdin: give one")
+            given = Path(args.keys_dir)
+            if not (given / "client.key_secret").is_file():
+                raise ValueError(f"--keys-dir {given} holds no client.key_secret (an `asyncvla keygen` bundle)")
         cores = placement.parse_cores(args.placement, placement.available_cores(), "launch.placement.actors")
     except (ValueError, OSError) as e:
         say(f"cannot start: {type(e).__name__}: {e}")
         return 2
-    threading.Thread(target=_watch_stdin, args=(stop,), daemon=True).start()
-    parent = os.getppid()
-    supervisor = Supervisor(args, folder, keys, cores if args.placement.strip() != "all" else None)
+    if not args.no_stdin:
+        threading.Thread(target=_watch_stdin, args=(stop,), daemon=True).start()
+    parent = None if args.no_stdin else os.getppid()
+    supervisor = Supervisor(args, folder, keys or (Path(args.keys_dir) if args.keys_dir else None),
+                            cores if args.placement.strip() != "all" else None)
     try:
         supervisor.start_all()
         while not stop.wait(0.5):
-            if os.getppid() != parent:
+            if parent is not None and os.getppid() != parent:
                 stop.set()
             elif not supervisor.check():
                 break

@@ -145,6 +145,41 @@ def test_a_learner_bound_to_loopback_is_refused_for_remote_actor_hosts(tmp_path)
         "transport.bind_host=127.0.0.1: set transport.bind_host=0.0.0.0" in r.stderr, r.stderr
 
 
+SBATCH = REPO / "launch" / "slurm" / "asyncvla.sbatch"
+
+
+def sbatch_dry_run(tmp_path, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SBATCH), "configs/maniskill_gpu.yaml", "learner.max_steps=10"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, DRY_RUN="1", NODES="gpu-0 cpu-1 cpu-2", **env))
+
+
+def test_the_slurm_script_parses_and_its_dry_run_prints_the_learner_and_fleet_commands(tmp_path):
+    assert subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True).returncode == 0
+    r = sbatch_dry_run(tmp_path, GPUS_PER_NODE="8", ACTORS_PER_NODE="12")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "    cpu-1 slots=12" in lines and "    cpu-2 slots=12" in lines
+    train = [x for x in lines if " train " in x]
+    assert len(train) == 1 and train[0].startswith("+ srun --nodes=1 --ntasks=1 -w gpu-0 ")
+    for part in ("transport.bind_host=0.0.0.0", "transport.advertise_host=gpu-0", "launch.num_local_actors=0",
+                 "--num-learner-ranks 8", "--actor-hostfile runs/actor_hosts.", "learner.max_steps=10"):
+        assert part in train[0], (part, train[0])
+    r = sbatch_dry_run(tmp_path, ACTOR_LAUNCH="srun")
+    assert r.returncode == 0, r.stderr
+    hosts = sorted(x for x in r.stdout.splitlines() if " actor-host " in x)
+    assert len(hosts) == 2 and all("--no-stdin --learner tcp://gpu-0:5555" in x for x in hosts), hosts
+    assert "-w cpu-1 " in hosts[0] and "--first-index 0 " in hosts[0] and "client_000" in hosts[0]
+    assert "-w cpu-2 " in hosts[1] and "--first-index 16 " in hosts[1] and "client_001" in hosts[1]
+    assert "keygen runs/keys --clients 2" in r.stdout
+    assert not (tmp_path / "runs").exists()                 # a dry run writes nothing
+    for env, said in (({"ACTOR_LAUNCH": "pdsh"}, "ACTOR_LAUNCH=pdsh: allowed ssh or srun"),
+                      ({"NODES": "gpu-0"}, "1 node(s): needs 2 or more")):
+        r = subprocess.run(["bash", str(SBATCH), "c.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                           env={**os.environ, "DRY_RUN": "1", "NODES": "a b", **env})
+        assert r.returncode == 2 and said in r.stderr, r.stderr
+
+
 def test_fleets_on_two_hosts_train_to_the_budget_and_leave_nothing(hosts):
     """`asyncvla actors` beside a learner started apart: its hosts' actors join and train it."""
     from asyncvla.launch.keygen import generate

@@ -17,6 +17,13 @@ actor keeps busy: above 1 means threads beyond the policy's, e.g. the software r
 
 Goal (issue #9): k actors >= 0.85 * k x one actor, up to the core count.
 
+  fleet      two actors started by `asyncvla train --actor-hostfile` on two loopback "hosts"
+             (127.0.0.2 and .3, through a private sshd: tests/benchmarks/multinode.py), one
+             each, against the same two actors started locally (launch.num_local_actors=2): the
+             env steps/s the learner counts (rollout/env_steps in tensorboard, after its first
+             5 updates), the arms alternating, the median of each. Goal: fleet >= 90 % of local.
+             Needs root (the sshd); else the row says why it was skipped.
+
     python -m tests.benchmarks.actor_scaling [--quick] [--out bench_results/actor_scaling.json]
 """
 
@@ -46,6 +53,10 @@ def run(quick: bool = False) -> dict:
               "maniskill_parallel": (to_dict(load_config(workload.MANISKILL_CONFIG,
                                                          maniskill + ["policy.action_head=parallel"])), [1])}
     results = {"duration_s": duration, "rounds": rounds, "counts": counts}
+    try:
+        results["fleet"] = fleet_vs_local(quick)
+    except Exception as e:                        # (reported in its row; the rest still runs)
+        results["fleet"] = {"error": f"{type(e).__name__}: {e}"}
     for name, (cfg, ks) in setups.items():
         try:
             runs = scaling(cfg, ks, duration, rounds)
@@ -89,6 +100,73 @@ def scaling(cfg: dict, counts: list[int], duration: float, rounds: int) -> list[
         return [best[k] for k in counts]
     finally:
         workload.stop(procs)
+
+
+FLEET_HOSTS = ("127.0.0.2", "127.0.0.3")
+FLEET_OVERRIDES = ["eval.eval_interval=0", "actor.num_envs=4", "actor.rollout_length=8", "learner.batch_trajectories=8",
+                   "algorithm.update_epochs=1", "algorithm.num_minibatches=1", "logging.progress=false",
+                   "transport.bind_host=0.0.0.0", "checkpoint.save_interval=0",
+                   "policy.backbone.text_layers=1", "policy.backbone.text_hidden_size=64",
+                   "policy.backbone.intermediate_size=128", "policy.backbone.vision_hidden_size=32",
+                   "policy.backbone.vision_layers=1", "policy.value_head_hidden=32"]
+
+
+def fleet_vs_local(quick: bool) -> dict:
+    """Env steps/s of 2 actors on 2 ssh "hosts" (one each) against 2 local actors, same learner."""
+    import statistics
+    import tempfile
+    from contextlib import ExitStack
+    from pathlib import Path
+
+    from tests.benchmarks import multinode
+    from tests.ports import free_ports
+
+    missing = multinode.prerequisites()
+    if missing:
+        return {"skipped": missing}
+    steps, rounds = (40, 1) if quick else (80, 3)
+    rates: dict[str, list[float]] = {"local": [], "fleet": []}
+    with tempfile.TemporaryDirectory(prefix="asyncvla-fleet-") as tmp, ExitStack() as stack:
+        tmp = Path(tmp)
+        ssh_port, = free_ports(1)
+        stack.enter_context(multinode.ssh_nodes(tmp / "ssh", FLEET_HOSTS, ssh_port))
+        stack.callback(multinode._kill_leftovers, str(tmp))
+        from asyncvla.launch.keygen import generate
+        generate(tmp / "keys", len(FLEET_HOSTS))
+        hostfile = tmp / "actor_hosts"
+        hostfile.write_text("".join(f"{h} slots=1\n" for h in FLEET_HOSTS))
+        for r in range(rounds):
+            for arm in ("local", "fleet"):
+                ports = next(p for p in iter(lambda: free_ports(4), None) if ssh_port not in p)
+                extra = ["launch.num_local_actors=0", "--actor-hostfile", str(hostfile)] if arm == "fleet" \
+                    else ["launch.num_local_actors=2"]
+                rates[arm].append(_train_rate(tmp, f"{arm}-{r}", steps, ports, extra))
+    return {"hosts": list(FLEET_HOSTS), "updates": steps, "rounds": rounds, "env_steps_per_s": rates,
+            "median": {arm: statistics.median(v) for arm, v in rates.items()}}
+
+
+def _train_rate(tmp, name: str, steps: int, ports, extra: list[str]) -> float:
+    """One `asyncvla train` to `steps` updates; the env steps/s its learner counted after update 5."""
+    import subprocess
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.benchmarks.report import ROOT
+    control, weights, trajectory, master = ports
+    cmd = [sys.executable, "-m", "asyncvla.launch.cli", "train", workload.CONFIG, *FLEET_OVERRIDES,
+           f"learner.max_steps={steps}", f"logging.output_dir={tmp / 'runs'}", f"logging.experiment_name={name}",
+           f"transport.keys_dir={tmp / 'keys'}", f"transport.control_port={control}",
+           f"transport.weights_port={weights}", f"transport.trajectory_port={trajectory}",
+           f"launch.master_port={master}", *extra]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if r.returncode != 0:
+        raise RuntimeError(f"{name}: asyncvla train exited with {r.returncode}: {(r.stdout + r.stderr)[-2000:]}")
+    acc = EventAccumulator(str(tmp / "runs" / name / "tb"))
+    acc.Reload()
+    events = [e for e in acc.Scalars("rollout/env_steps") if e.step >= 5]
+    first, last = events[0], events[-1]
+    return (last.value - first.value) / (last.wall_time - first.wall_time)
 
 
 def make_actor(cfg, index: int):
@@ -149,6 +227,17 @@ def figures(r: dict) -> list[Figure]:
                               ">= 85 %", at_least(run["efficiency"], 0.85),
                               note=f"{run['env_steps_per_s']:.0f} env steps/s; cores per actor "
                                    + ", ".join(f"{c:.2f}" for c in run["cores_per_actor"])))
+    fleet = r.get("fleet", {"skipped": "not run"})
+    if "median" in fleet:
+        local, remote = fleet["median"]["local"], fleet["median"]["fleet"]
+        out.append(Figure("actor scaling", "fleet over ssh (2 hosts x 1 actor) / 2 local actors: env steps/s",
+                          remote / local, "%", ">= 90 %", at_least(remote / local, 0.90),
+                          note=f"medians {remote:.0f} vs {local:.0f} env steps/s over {fleet['rounds']} round(s); "
+                               f"fleet {', '.join(f'{v:.0f}' for v in fleet['env_steps_per_s']['fleet'])}, local "
+                               f"{', '.join(f'{v:.0f}' for v in fleet['env_steps_per_s']['local'])}"))
+    else:
+        out.append(Figure("actor scaling", "fleet over ssh / local actors: env steps/s", None,
+                          note=f"skipped: {fleet.get('skipped', fleet.get('error', '?'))}"[:160]))
     par, ar = r.get("maniskill_parallel", {}), r["maniskill"]
     if "runs" in par and "runs" in ar:
         rate, base = par["runs"][0]["env_steps_per_s"], ar["runs"][0]["env_steps_per_s"]
