@@ -73,7 +73,10 @@ class EnvConfig:
 # ------------------------------------------------------------------------------------ policy
 @dataclass
 class BackboneConfig:
-    """A tiny random-init Idefics3 (SigLIP vision + Llama text), used when no pretrained_path is set."""
+    """A tiny random-init VLM of one family (by default Idefics3/SmolVLM: SigLIP vision + Llama
+    text), used when no pretrained_path is set."""
+    family: str = opt("idefics3", "architecture of the tiny backbone: idefics3 (SmolVLM's), paligemma (pi0's) "
+                      "or qwen2_5_vl", choices=["idefics3", "paligemma", "qwen2_5_vl"])
     vision_hidden_size: int = opt(192, "vision tower width", ge=8)
     vision_layers: int = opt(4, "vision tower depth", ge=1)
     vision_heads: int = opt(4, "vision attention heads", ge=1)
@@ -114,8 +117,8 @@ class PolicyConfig:
     lora_rank: int = opt(32, "LoRA rank", ge=1)
     lora_alpha: int = opt(32, "LoRA alpha (scale = alpha / rank)", ge=1)
     lora_dropout: float = opt(0.0, "LoRA dropout", ge=0.0, lt=1.0)
-    lora_target_modules: str = opt(r".*text_model.*\.(q_proj|k_proj|v_proj|o_proj)",
-                                   "regex of module names that get LoRA adapters")
+    lora_target_modules: str = opt("auto", "regex of module names that get LoRA adapters; auto: the "
+                                   "backbone family's language-model attention projections (q, k, v, o)")
     value_head_hidden: int = opt(256, "hidden width of the value-head MLP", ge=1)
     value_encoder: str = opt("none", "what the value head reads besides the VLM's last prompt token: "
                              "none, or cnn (a small CNN of its own on the image; a VLM with no robot "

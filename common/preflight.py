@@ -16,11 +16,6 @@ from pathlib import Path
 
 from asyncvla.common.config import Config
 
-# model_type of the Hugging Face VLMs policy.pretrained_path may name (vision_model + connector +
-# text_model + lm_head)
-SUPPORTED_MODEL_TYPES = ("idefics3", "smolvlm")
-
-
 def problems(cfg: Config, ports: bool = True) -> list[str]:
     out = _pretrained(cfg.policy.pretrained_path) + _keys(cfg) + _actor_hosts(cfg)
     if ports:
@@ -50,9 +45,10 @@ def _pretrained(path: str | None) -> list[str]:
         model_type = json.loads(Path(path, "config.json").read_text()).get("model_type")
     except (OSError, ValueError) as e:
         return [f"{key}: config.json is not readable JSON ({e})"]
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        return [f"{key}: holds a {model_type!r} model; supported: {', '.join(SUPPORTED_MODEL_TYPES)} "
-                "(vision_model + connector + text_model + lm_head) or a policy saved by asyncvla"]
+    from asyncvla.common.policy.families import supported_model_types
+    if model_type not in supported_model_types():
+        return [f"{key}: holds a {model_type!r} model; supported: {', '.join(supported_model_types())} "
+                "(common/policy/families/) or a policy saved by asyncvla"]
     return []
 
 

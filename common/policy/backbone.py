@@ -1,8 +1,10 @@
-"""The VLM backbone: a tiny Idefics3 written offline, and loading of any compatible checkpoint.
+"""The VLM backbone: a tiny one of any supported family written offline, and loading of checkpoints.
 
-The tiny backbone (SigLIP vision + Llama text, SmolVLM's architecture, random weights) is written
-to a directory with `save_pretrained` like any Hugging Face checkpoint and then loaded through the
-same `load_backbone` as a real SmolVLM / Idefics3, so the two paths cannot drift apart.
+The tiny backbone (random weights, policy.backbone's sizes, SmolVLM's architecture by default:
+policy.backbone.family picks idefics3, paligemma or qwen2_5_vl) is written to a directory with
+`save_pretrained` like any Hugging Face checkpoint and then loaded through the same
+`load_backbone` as a real one, so the two paths cannot drift apart. What differs between the
+families is in families/.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from dataclasses import dataclass
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (AutoModelForImageTextToText, AutoTokenizer, Idefics3Config,
-                          Idefics3ForConditionalGeneration, PreTrainedTokenizerFast)
+from transformers import AutoModelForImageTextToText, AutoTokenizer, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
-SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>", "<image>", "<fake_token_around_image>",
-                  "<global-img>", "<end_of_utterance>")
-IMAGE_TOKEN = "<image>"
+from .families import Family, family_by_name, family_of
+from .families.idefics3 import FAMILY as IDEFICS3
+
+BASE_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
+SPECIAL_TOKENS = BASE_TOKENS + IDEFICS3.special_tokens
 
 # The tiny tokenizer learns its merges from robot instructions; any printable-ASCII text still
 # tokenizes (the alphabet holds every printable byte), other bytes become <unk>.
@@ -48,28 +51,31 @@ class ImageSpec:
 
 
 # ---------------------------------------------------------------------------- tiny backbone
-def build_tiny_tokenizer(text_vocab_size: int) -> PreTrainedTokenizerFast:
-    """Byte-level BPE trained on a few sentences; ids 0..7 are the special tokens."""
+def build_tiny_tokenizer(text_vocab_size: int, family: Family = IDEFICS3) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on a few sentences; the first ids are <pad> <s> </s> <unk> and the
+    family's special tokens."""
+    specials = BASE_TOKENS + family.special_tokens
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     # The byte-level pre-tokenizer maps each byte to a printable stand-in character; ask it for them.
     alphabet = sorted({byte_level.pre_tokenize_str(chr(b))[0][0] for b in PRINTABLE_ASCII})
-    min_size = len(SPECIAL_TOKENS) + len(alphabet)
+    min_size = len(specials) + len(alphabet)
     if text_vocab_size < min_size:
         raise ValueError(f"the tiny tokenizer needs at least {min_size} text ids (specials + printable "
                          f"bytes); policy.backbone.vocab_size - policy.n_bins leaves {text_vocab_size}")
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=text_vocab_size, special_tokens=list(SPECIAL_TOKENS),
+    trainer = trainers.BpeTrainer(vocab_size=text_vocab_size, special_tokens=list(specials),
                                   initial_alphabet=alphabet, show_progress=False)
     tok.train_from_iterator(TOKENIZER_CORPUS, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
                                    eos_token="</s>", unk_token="<unk>",
-                                   extra_special_tokens=list(SPECIAL_TOKENS[4:]))
+                                   extra_special_tokens=list(family.special_tokens))
 
 
-def tiny_backbone_config(bcfg, image_size: int, tokenizer) -> Idefics3Config:
-    """Idefics3 config from `policy.backbone` (BackboneConfig); vision MLP width is 4x its hidden size."""
+def tiny_backbone_config(bcfg, image_size: int, tokenizer, family: Family = IDEFICS3):
+    """The family's random-init config of `policy.backbone`'s sizes (BackboneConfig); the vision
+    MLP is 4x the vision width."""
     def need(ok: bool, msg: str):
         if not ok:
             raise ValueError(msg)
@@ -82,45 +88,27 @@ def tiny_backbone_config(bcfg, image_size: int, tokenizer) -> Idefics3Config:
     need(bcfg.position_init != "sincos" or bcfg.vision_hidden_size % 4 == 0,
          f"policy.backbone.vision_hidden_size={bcfg.vision_hidden_size} must be a multiple of 4 for "
          "policy.backbone.position_init=sincos (sin and cos of rows and columns)")
-    need(image_size % bcfg.patch_size == 0,
-         f"policy.image_size={image_size} must be a multiple of policy.backbone.patch_size={bcfg.patch_size}")
-    need((image_size // bcfg.patch_size) % bcfg.scale_factor == 0,
-         f"patches per side ({image_size // bcfg.patch_size}) must be a multiple of "
-         f"policy.backbone.scale_factor={bcfg.scale_factor}")
-    ids = {name: tokenizer.convert_tokens_to_ids(t) for name, t in
-           [("pad", "<pad>"), ("bos", "<s>"), ("eos", "</s>"), ("image", IMAGE_TOKEN)]}
-    return Idefics3Config(
-        vision_config=dict(hidden_size=bcfg.vision_hidden_size, intermediate_size=4 * bcfg.vision_hidden_size,
-                           num_hidden_layers=bcfg.vision_layers, num_attention_heads=bcfg.vision_heads,
-                           image_size=image_size, patch_size=bcfg.patch_size),
-        text_config=dict(model_type="llama", hidden_size=bcfg.text_hidden_size,
-                         intermediate_size=bcfg.intermediate_size, num_hidden_layers=bcfg.text_layers,
-                         num_attention_heads=bcfg.text_heads, num_key_value_heads=bcfg.text_heads,
-                         vocab_size=bcfg.vocab_size, max_position_embeddings=4096,
-                         pad_token_id=ids["pad"], bos_token_id=ids["bos"], eos_token_id=ids["eos"],
-                         tie_word_embeddings=False),
-        image_token_id=ids["image"], scale_factor=bcfg.scale_factor, tie_word_embeddings=False,
-        pad_token_id=ids["pad"])
+    return family.tiny_config(bcfg, image_size, tokenizer)
 
 
 def write_tiny_backbone(out_dir: str, bcfg, image_size: int, n_bins: int, seed: int = 0) -> str:
-    """Build the tiny Idefics3 + tokenizer + image-processor config and save them as a checkpoint."""
-    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
-
-    tokenizer = build_tiny_tokenizer(bcfg.vocab_size - n_bins)
-    config = tiny_backbone_config(bcfg, image_size, tokenizer)
-    with torch.random.fork_rng(devices=[]):
+    """Build a tiny model of policy.backbone.family + tokenizer + image-processor config and save
+    them as a checkpoint."""
+    family = family_by_name(bcfg.family)
+    tokenizer = build_tiny_tokenizer(bcfg.vocab_size - n_bins, family)
+    config = tiny_backbone_config(bcfg, image_size, tokenizer, family)
+    with torch.random.fork_rng(devices=[]), quiet():
         torch.manual_seed(seed)
-        model = Idefics3ForConditionalGeneration(config)
-    if bcfg.position_init == "sincos":
+        model = AutoModelForImageTextToText.from_config(config)
+    emb = family.position_embedding(model)
+    if bcfg.position_init == "sincos" and emb is not None:
         # A random-init tower from scratch learns where things are slowly: its position signal is
         # 10x weaker than a patch's content. A fixed 2-D pattern makes positions readable at once
         # (pixel task, BC: 33 % greedy success after 900 steps against 5 % with the random init).
-        emb = model.model.vision_model.embeddings
+        weight = emb.position_embedding.weight                  # [patches, width], patches row-major
         with torch.no_grad():
-            emb.position_embedding.weight.copy_(sincos_positions(emb.num_patches_per_side, emb.embed_dim))
-    processor = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": image_size},
-                                          max_image_size={"longest_edge": image_size})
+            weight.copy_(sincos_positions(round(weight.shape[0] ** 0.5), weight.shape[1]))
+    processor = family.image_processor(bcfg, image_size)
     os.makedirs(out_dir, exist_ok=True)
     with quiet():
         model.save_pretrained(out_dir)
@@ -162,32 +150,44 @@ def check_backbone_dir(path: str) -> None:
                                     f"{', '.join(repr(n) for n in names)}")
 
 
-def load_backbone(path: str, dtype: torch.dtype):
-    """Load (model, tokenizer, ImageSpec) from a checkpoint directory onto the CPU in `dtype`."""
+def checkpoint_family(path: str) -> Family:
+    """The family of the checkpoint at `path` (its config.json's model_type); unknown ones raise
+    ValueError naming what was found and what is supported."""
+    with open(os.path.join(path, "config.json")) as f:
+        model_type = json.load(f).get("model_type")
+    return family_of(type("Config", (), {"model_type": model_type}), f"checkpoint '{path}'")
+
+
+def load_backbone(path: str, dtype: torch.dtype, image_size: int | None = None):
+    """Load (model, tokenizer, ImageSpec) from a checkpoint directory onto the CPU in `dtype`;
+    `image_size` (policy.image_size) fixes the side of a family with dynamic resolution."""
     check_backbone_dir(path)
+    family = checkpoint_family(path)
     with quiet():
         model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, use_safetensors=True)
         tokenizer = AutoTokenizer.from_pretrained(path)
-    inner = getattr(model, "model", None)
-    if not all(hasattr(inner, a) for a in ("vision_model", "connector", "text_model")) \
-            or not hasattr(model, "lm_head"):
-        raise ValueError(f"checkpoint '{path}' holds a {type(model).__name__}; expected an Idefics3-style "
-                         "VLM (vision_model + connector + text_model + lm_head, e.g. SmolVLM or Idefics3)")
-    image_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    if not hasattr(model, "lm_head"):
+        raise ValueError(f"checkpoint '{path}' holds a {type(model).__name__} without an lm_head")
+    image_id = tokenizer.convert_tokens_to_ids(family.image_token)
     if image_id != model.config.image_token_id:
         raise ValueError(f"checkpoint '{path}': the model's image_token_id={model.config.image_token_id} "
-                         f"differs from the tokenizer's {IMAGE_TOKEN} id {image_id}")
+                         f"differs from the tokenizer's {family.image_token} id {image_id}")
+    family.prepare(model)
     model.eval()
-    return model, tokenizer, read_image_spec(path, model.config)
+    return model, tokenizer, read_image_spec(path, model.config, family, image_size)
 
 
-def read_image_spec(path: str, config) -> ImageSpec:
-    """Image size from the vision config; rescale/mean/std from preprocessor_config.json when present."""
-    spec = {"model_size": int(config.vision_config.image_size)}
+def read_image_spec(path: str, config, family: Family = IDEFICS3, image_size: int | None = None) -> ImageSpec:
+    """The vision tower's image side (the family's rule); rescale/mean/std from
+    preprocessor_config.json when present."""
+    p = {}
     proc = os.path.join(path, "preprocessor_config.json")
     if os.path.isfile(proc):
         with open(proc) as f:
             p = json.load(f)
+    size = image_size if image_size is not None else int(getattr(config.vision_config, "image_size", 0) or 224)
+    spec = {"model_size": family.model_size(config, p, size)}
+    if p:
         for key, name in (("rescale", "rescale_factor"), ("mean", "image_mean"), ("std", "image_std")):
             if p.get(name) is not None:
                 spec[key] = tuple(p[name]) if isinstance(p[name], list) else float(p[name])

@@ -1,7 +1,7 @@
 """VLAPolicy: one model for the actors (sampling) and the learner (training).
 
-The VLM (Idefics3 / SmolVLM: SigLIP vision + Llama text) reads the image and the instruction and
-predicts N = K*D action tokens; a value head reads the hidden state of the last prompt token.
+The VLM (a family of families/: Idefics3 / SmolVLM, PaliGemma, Qwen2.5-VL) reads the image and the
+instruction and predicts N = K*D action tokens; a value head reads the hidden state of the last prompt token.
 With `policy.action_head=autoregressive`, `act` samples the action tokens one by one with the KV
 cache (no grad) and `evaluate` teacher-forces given action tokens (with grad); with `parallel`
 (action_head.py) both read all N tokens' distributions off one pass over the prompt and N learned
@@ -35,6 +35,7 @@ from .action_head import ACTION_HEADS, ActionQueries, query_attention_mask
 from .action_tokenizer import ActionTokenizer
 from .backbone import (ImageSpec, base_state_dict, check_backbone_dir, load_backbone, quiet,
                        write_tiny_backbone)
+from .families import family_of
 from .logprobs import action_log_softmax, reduce_logprobs, token_logprobs
 from .prompt import make_layout, tokenize_instructions
 from .value_head import StateEncoder, ValueHead
@@ -87,6 +88,7 @@ class VLAPolicy(nn.Module):
         self.tokenizer = tokenizer
         self.image_spec = image_spec
         vlm = self._vlm
+        self.family = family_of(vlm.config)
         hidden = vlm.config.text_config.hidden_size
         vocab = vlm.lm_head.out_features
         self.action_tokenizer = ActionTokenizer(n_bins=cfg.n_bins, vocab_size=vocab,
@@ -100,10 +102,10 @@ class VLAPolicy(nn.Module):
         self.action_queries = (ActionQueries(self.num_action_tokens, hidden,
                                              getattr(vlm.config.text_config, "initializer_range", 0.02))
                                if cfg.action_head == "parallel" else None)
-        vc = vlm.config.vision_config
-        image_seq_len = (vc.image_size // vc.patch_size) ** 2 // vlm.config.scale_factor ** 2
+        image_seq_len = self.family.image_seq_len(vlm.config, image_spec.model_size)
         self.layout = make_layout(tokenizer, vlm.config.image_token_id, image_seq_len,
-                                  cfg.max_instruction_tokens, state_token=cfg.state_dim > 0)
+                                  cfg.max_instruction_tokens, state_token=cfg.state_dim > 0,
+                                  markers=self.family.markers(tokenizer))
 
     # ------------------------------------------------------------------------ construction
     @classmethod
@@ -121,7 +123,7 @@ class VLAPolicy(nn.Module):
         with (contextlib.nullcontext(path) if path else tempfile.TemporaryDirectory()) as src:
             if not path:  # written and then loaded like any checkpoint
                 write_tiny_backbone(src, cfg.backbone, cfg.image_size, cfg.n_bins, seed=cfg.init_seed)
-            vlm, tokenizer, image_spec = load_backbone(src, dtype)
+            vlm, tokenizer, image_spec = load_backbone(src, dtype, cfg.image_size)
         return cls._assemble(vlm, tokenizer, image_spec, cfg, device)
 
     @classmethod
@@ -161,12 +163,13 @@ class VLAPolicy(nn.Module):
             if cfg.is_lora and adapter_dir is not None:
                 backbone = PeftModel.from_pretrained(vlm, adapter_dir, is_trainable=True)
             elif cfg.is_lora:
+                targets = lora_targets(cfg, vlm)
                 lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                                  target_modules=cfg.lora_target_modules)
+                                  target_modules=targets)
                 try:
                     backbone = get_peft_model(vlm, lora)
                 except ValueError as e:
-                    raise ValueError(f"policy.lora_target_modules={cfg.lora_target_modules!r} matches no "
+                    raise ValueError(f"policy.lora_target_modules={targets!r} matches no "
                                      f"module of the backbone ({e})") from None
             else:
                 backbone = vlm
@@ -391,7 +394,7 @@ class VLAPolicy(nn.Module):
             bins.append(self._choose(logits, temperature, greedy, generator))
             if i + 1 < self.num_action_tokens:
                 attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], 1)
-                pos = pos[:, -1:] + 1
+                pos = pos[..., -1:] + 1
                 embeds = self._embed(bins[-1][:, None] + self.action_tokenizer.first_id)
                 out = self._decode(embeds, attn, pos, cache=out.past_key_values, use_cache=True)
         return torch.stack(bins, 1)
@@ -414,7 +417,7 @@ class VLAPolicy(nn.Module):
         # The last action token predicts nothing we score, so it is not fed.
         embeds = torch.cat([embeds, self._embed(bins[:, :-1] + self.action_tokenizer.first_id)], 1)
         attn = torch.cat([attn, attn.new_ones(attn.shape[0], n - 1)], 1)
-        pos = torch.cat([pos, pos[:, -1:] + torch.arange(1, n, device=pos.device)], 1)
+        pos = torch.cat([pos, pos[..., -1:] + torch.arange(1, n, device=pos.device)], -1)
         hidden = self._decode(embeds, attn, pos, cache=None, use_cache=False).last_hidden_state
         return self._action_logits(hidden[:, p - 1:]), self.value_head(hidden[:, p - 1], image)
 
@@ -425,7 +428,7 @@ class VLAPolicy(nn.Module):
         embeds, attn, pos, image = prompt
         (b, p, _), n = embeds.shape, self.num_action_tokens
         embeds = torch.cat([embeds, self.action_queries(b, embeds.dtype)], 1)
-        pos = torch.cat([pos, pos[:, -1:] + torch.arange(1, n + 1, device=pos.device)], 1)
+        pos = torch.cat([pos, pos[..., -1:] + torch.arange(1, n + 1, device=pos.device)], -1)
         attn = query_attention_mask(attn, n, embeds.dtype)
         hidden = self._decode(embeds, attn, pos, cache=None, use_cache=False).last_hidden_state
         return self._action_logits(hidden[:, p:]), self.value_head(hidden[:, p - 1], image)
@@ -442,8 +445,7 @@ class VLAPolicy(nn.Module):
             x = x.clamp(0, 255 * spec.rescale)
         mean = torch.tensor(spec.mean, device=x.device).view(1, 3, 1, 1)
         std = torch.tensor(spec.std, device=x.device).view(1, 3, 1, 1)
-        vision = self._vlm.model.vision_model
-        return ((x - mean) / std).to(vision.embeddings.patch_embedding.weight.dtype)
+        return ((x - mean) / std).to(self.family.vision_dtype(self._vlm))
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self._vlm.get_input_embeddings()(token_ids)
@@ -454,8 +456,7 @@ class VLAPolicy(nn.Module):
         lay, b = self.layout, ids.shape[0]
         fixed = torch.tensor(lay.fixed_ids, device=ids.device).expand(b, -1)
         embeds = self._embed(torch.cat([fixed, ids], 1))
-        vm = self._vlm.model
-        feats = vm.connector(vm.vision_model(pixel_values=self._pixels(image)).last_hidden_state)
+        feats = self.family.image_features(self._vlm, self._pixels(image))
         s, n = lay.image_start, lay.image_seq_len
         parts = [embeds[:, :s], feats.to(embeds.dtype), embeds[:, s + n:]]
         attn = [mask.new_ones(b, fixed.shape[1]), mask]
@@ -463,12 +464,12 @@ class VLAPolicy(nn.Module):
             parts.append(self.state_encoder(state, embeds.dtype))
             attn.append(mask.new_ones(b, 1))
         attn = torch.cat(attn, 1)
-        pos = (attn.cumsum(1) - 1).clamp(min=0)
+        pos = self.family.positions(attn, lay, self._vlm.config, self.image_spec.model_size)
         return torch.cat(parts, 1), attn, pos, image
 
     def _decode(self, embeds, attn, pos, cache, use_cache: bool):
-        return self._vlm.model.text_model(inputs_embeds=embeds, attention_mask=attn, position_ids=pos,
-                                          past_key_values=cache, use_cache=use_cache)
+        return self.family.decoder(self._vlm)(inputs_embeds=embeds, attention_mask=attn, position_ids=pos,
+                                              past_key_values=cache, use_cache=use_cache)
 
     def _action_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of the action ids only (the last n_bins of the vocabulary): [..., n_bins]."""
@@ -487,6 +488,11 @@ class VLAPolicy(nn.Module):
 
 
 # ------------------------------------------------------------------------------- helpers
+def lora_targets(cfg: PolicyConfig, vlm) -> str:
+    """policy.lora_target_modules, `auto` being the backbone family's."""
+    return family_of(vlm.config).lora_targets if cfg.lora_target_modules == "auto" else cfg.lora_target_modules
+
+
 def _as_tensor(x) -> torch.Tensor:
     return x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
 

@@ -5,7 +5,8 @@ A policy step's sequence is
     instruction tokens, left-padded to L with an attention mask                          (L)
     [one proprio-state token]                                                            (0 or 1)
     N = K*D action tokens (autoregressive head) or N learned action queries (parallel head)
-(SmolVLM's single-image block; a marker the tokenizer lacks is left out). Padding sits between the
+(SmolVLM's single-image block; each backbone family places its own markers around the image:
+families/; a marker the tokenizer lacks is left out). Padding sits between the
 image block and the instruction, so every query position still sees the image and position ids
 come from the mask (cumsum - 1): a short instruction is placed exactly like a long one.
 """
@@ -48,17 +49,13 @@ class PromptLayout:
 
 
 def make_layout(tokenizer, image_token_id: int, image_seq_len: int, max_instruction_tokens: int,
-                state_token: bool) -> PromptLayout:
-    def known(token):
-        i = tokenizer.convert_tokens_to_ids(token)
-        return [] if i is None or i == tokenizer.unk_token_id else [i]
-    bos = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
-    around = known("<fake_token_around_image>")
+                state_token: bool, markers: tuple[list, list]) -> PromptLayout:
+    """`markers`: the backbone family's token ids before and after the image tokens."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    return PromptLayout(before_image=tuple(bos + around + known("<global-img>")),
-                        image_token_id=int(image_token_id), image_seq_len=int(image_seq_len),
-                        after_image=tuple(around), max_instruction_tokens=max_instruction_tokens,
-                        pad_id=int(pad), state_token=state_token)
+    before, after = markers
+    return PromptLayout(before_image=tuple(before), image_token_id=int(image_token_id),
+                        image_seq_len=int(image_seq_len), after_image=tuple(after),
+                        max_instruction_tokens=max_instruction_tokens, pad_id=int(pad), state_token=state_token)
 
 
 def tokenize_instructions(tokenizer, texts, max_tokens: int, pad_id: int):
