@@ -211,8 +211,9 @@ def _round_up(x: int, m: int) -> int:
 def periodic_eval(policy, cfg, step: int, run_dir, writer=None) -> dict:
     """Evaluate `policy` (a plain, un-partitioned copy, e.g. one holding the published weights) as
     `cfg.eval` says; write run_dir/eval/step_N/summary.json (+ videos with eval.save_video) and log
-    eval/success_rate, eval/return, eval/length at `step` to the tensorboard `writer` if given.
-    Videos are not sent to tensorboard: its video summaries need moviepy and a GIF re-encode."""
+    eval/success_rate, eval/return, eval/length at `step` to `writer` if given (common/trackers.py,
+    or a tensorboard SummaryWriter), and the first episode's video to the backends that take
+    videos."""
     out_dir = Path(run_dir) / "eval" / f"step_{step:08d}"
     summary = evaluate_policy(policy, cfg.env, cfg.policy, cfg.eval.num_episodes, cfg.eval.greedy,
                               seed=cfg.env.seed, video_dir=out_dir if cfg.eval.save_video else None)
@@ -222,5 +223,9 @@ def periodic_eval(policy, cfg, step: int, run_dir, writer=None) -> dict:
         for tag, key in (("eval/success_rate", "success_rate"), ("eval/return", "return_mean"),
                          ("eval/length", "length_mean")):
             writer.add_scalar(tag, summary[key], step)
+        from asyncvla.common.trackers import Trackers
+        videos = sorted(out_dir.glob("*.mp4"))
+        if videos and isinstance(writer, Trackers):
+            writer.add_video("eval/video", videos[0], step)
         writer.flush()
     return summary

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(learner: str, run_dir: Path, tcfg) -> int:
-    from torch.utils.tensorboard import SummaryWriter
+    from asyncvla.common.trackers import open_trackers
 
     stop = stop_on_signals()
     torch.set_num_threads(1)
@@ -51,7 +51,7 @@ def run(learner: str, run_dir: Path, tcfg) -> int:
         return 0
     cfg, policy, weights = joined.cfg, joined.policy, joined.weights
     interval, last_step = cfg.eval.eval_interval, cfg.learner.max_steps
-    writer = SummaryWriter(str(run_dir / "tb"))
+    writer = open_trackers(cfg, run_dir, "evaluator")
     next_step, version, latest = interval, -1, None     # latest: (step, tensors) not yet evaluated
     try:
         while not stop.is_set():

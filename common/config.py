@@ -252,6 +252,13 @@ class LoggingConfig:
     experiment_name: str = opt("asyncvla", "run directory name under output_dir")
     progress: bool = opt(True, "show a console progress line")
     level: str = opt("INFO", "log level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    backends: List[str] = opt(["tensorboard"], "metric backends (common/trackers.py): tensorboard (RUN/tb), "
+                              "wandb, swanlab (optional extras: pip install -e .[wandb] / .[swanlab])",
+                              choices=["tensorboard", "wandb", "swanlab"])
+    project: str = opt("asyncvla", "wandb / swanlab project")
+    tracker_mode: str = opt("online", "wandb / swanlab: online (uploads; needs a key) or offline (local files "
+                            "under the run directory, uploaded later with `wandb sync` / `swanlab sync`)",
+                            choices=["online", "offline"])
 
 
 # -------------------------------------------------------------------------------- checkpoint
@@ -457,7 +464,11 @@ def _check_field(key, value, meta) -> list[str]:
     if isinstance(value, float) and not math.isfinite(value):
         return [f"{key}={value!r} is not allowed; it must be a finite number"]
     choices = meta.get("choices")
-    if choices is not None and value not in choices:
+    if choices is not None and isinstance(value, (list, tuple)):          # a list: each item one of them
+        bad = [v for v in value if v not in choices]
+        if bad or len(set(value)) != len(value):
+            return [f"{key}={list(value)!r} is not allowed; each item once, each one of {list(choices)}"]
+    elif choices is not None and value not in choices:
         return [f"{key}={value!r} is not allowed; choose one of {list(choices)}"]
     bounds = [("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
               ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")]

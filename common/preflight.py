@@ -17,7 +17,8 @@ from pathlib import Path
 from asyncvla.common.config import Config
 
 def problems(cfg: Config, ports: bool = True) -> list[str]:
-    out = _pretrained(cfg.policy.pretrained_path) + _keys(cfg) + _actor_hosts(cfg)
+    from asyncvla.common import trackers
+    out = _pretrained(cfg.policy.pretrained_path) + _keys(cfg) + _actor_hosts(cfg) + trackers.problems(cfg)
     if ports:
         out += busy_ports(cfg)
     return out

@@ -43,6 +43,11 @@ def sft(cfg) -> int:
     from asyncvla.learner import sft as sft_loop
 
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s sft %(levelname)s %(message)s")
+    from asyncvla.common import trackers
+    for line in trackers.problems(cfg):       # (before minutes of start-up, not after)
+        print(f"asyncvla sft: cannot start: {line}", file=sys.stderr)
+    if trackers.problems(cfg):
+        return 2
     if not cfg.sft.data:
         print("asyncvla sft: config error: sft.data is not set; give the demonstrations, e.g. "
               "sft.data=demos/ (made by `asyncvla collect`)", file=sys.stderr)

@@ -43,6 +43,7 @@ from asyncvla.common.rundir import CHECKPOINTS, run_dir as run_dir_of_config
 from asyncvla.common.signals import stop_on_signals
 from asyncvla.learner import checkpoint, engine as ds_engine
 from asyncvla.learner.ingest import Inbox, rollout_plan
+from asyncvla.common.trackers import open_trackers
 from asyncvla.learner.metrics import Metrics, group, write_accounting
 from asyncvla.learner.publish import EmaPublisher, Publisher, trainable_finite
 from asyncvla.learner.update import FiniteGuard, NonFiniteError, outputs_finite, update
@@ -76,7 +77,7 @@ def run(cfg: Config) -> int:
     engine, policy_dir = _build_engine(cfg, run_dir, cols, device)
     step, version, env_steps, ema = _restore(engine, resume_from, cfg, rank)
     start_step = step
-    metrics = Metrics(str(run_dir / "tb") if rank == 0 else None, cfg.learner.max_steps,
+    metrics = Metrics(open_trackers(cfg, run_dir, "learner") if rank == 0 else None, cfg.learner.max_steps,
                       cfg.logging.progress, start_step=step, env_steps=env_steps, eval_dir=run_dir / "eval")
     auth_key = _token_key(cfg)
     if cfg.transport.reuse_receive_buffers:

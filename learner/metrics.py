@@ -70,17 +70,16 @@ def reduce_over_ranks(values: dict[str, float], device=None) -> dict[str, float]
 
 class Metrics:
     """Per-rank counters of received data, combined over ranks once per update; rank 0 (the one
-    given a log_dir) writes tensorboard and the progress bar."""
+    given the trackers: common/trackers.py, tensorboard and what else logging.backends names) writes
+    them and the progress bar."""
 
-    def __init__(self, log_dir: str | None, progress_total: int, show_progress: bool, start_step: int = 0,
+    def __init__(self, trackers, progress_total: int, show_progress: bool, start_step: int = 0,
                  env_steps: int = 0, eval_dir: Path | None = None):
-        self.writer = None
+        self.writer = trackers
         self.bar = None
         self.eval_dir = eval_dir            # the periodic evaluator's summaries, shown on the bar
         self._eval_seen = None
-        if log_dir is not None:
-            from torch.utils.tensorboard import SummaryWriter
-            self.writer = SummaryWriter(log_dir)
+        if trackers is not None:
             if show_progress:
                 from tqdm import tqdm
                 self.bar = tqdm(total=progress_total, initial=start_step, unit="upd",
@@ -147,9 +146,8 @@ class Metrics:
         if self.writer is None:
             return
         out["system/rss_gb"] = psutil.Process().memory_info().rss / 2**30
-        for k, v in out.items():
-            if k != "time_up" and v is not None and np.isfinite(v):
-                self.writer.add_scalar(k, v, step)
+        self.writer.add_scalars({k: v for k, v in out.items()
+                                 if k != "time_up" and v is not None and np.isfinite(v)}, step)
         self.writer.flush()        # an update takes seconds: flushing each one loses nothing on a crash
         if self.bar is not None:
             self.bar.update(step - self.bar.n)

@@ -31,6 +31,7 @@ from asyncvla.common.config import Config, to_dict, to_yaml
 from asyncvla.common.demos import DemoSpec, read_demos
 from asyncvla.common.policy import VLAPolicy
 from asyncvla.common.rundir import run_dir
+from asyncvla.common.trackers import open_trackers
 from asyncvla.learner import checkpoint, engine as ds_engine
 from asyncvla.learner.publish import gather_trainable
 from asyncvla.learner.sft_data import SFTSamples, action_range_q99, build_samples, split_by_episode
@@ -113,7 +114,7 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
         step, history = int(state["step"]), list(state.get("history", []))
         log.info("continuing SFT from %s (step %d)", latest, step)
 
-    writer = _writer(out) if rank == 0 else None
+    writer = open_trackers(cfg, out, "sft") if rank == 0 else None
     eval_policy = VLAPolicy.from_pretrained(init_dir) if rank == 0 else None
     rng = np.random.default_rng([sc.seed, step])
     bar = _bar(sc.steps, step, progress and rank == 0)
@@ -233,11 +234,6 @@ def _format(r: dict) -> str:
         parts.append(f"success {100 * r['success_rate']:.0f}% "
                      f"[{100 * r['success_ci_low']:.0f}, {100 * r['success_ci_high']:.0f}]")
     return ", ".join(parts) + f" ({r['wall_s']:.0f} s)"
-
-
-def _writer(out: Path):
-    from torch.utils.tensorboard import SummaryWriter
-    return SummaryWriter(str(out / "tb"))
 
 
 def _bar(total: int, start: int, enabled: bool):

@@ -21,6 +21,7 @@ from asyncvla.common.config import load_config
 from asyncvla.common.policy import VLAPolicy
 from asyncvla.common.policy.backbone import write_tiny_backbone
 from asyncvla.common.policy.families import FAMILY_NAMES, family_by_name
+from asyncvla.common.policy.families.released import RELEASED, build_on_meta, lora_trainable, parameter_count
 from tests.ports import run_port_overrides
 
 REPO = Path(__file__).resolve().parents[1]
@@ -170,3 +171,36 @@ def test_train_with_zero3_on_2_ranks_then_export_acts_as_the_checkpoint(tmp_path
     b = trained.act(image, ids, mask, state, greedy=True)
     assert np.array_equal(a.action_tokens, b.action_tokens)
     assert np.allclose(a.logprobs, b.logprobs, atol=1e-4) and np.allclose(a.values, b.values, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", [r.name for r in RELEASED])
+def test_released_checkpoints_built_on_meta_have_their_published_sizes(name):
+    """Each family's released checkpoints (families/released.py: their config.json) built with no
+    weights: parameters within 1 % of the published count; LoRA r32 on the documented targets adds
+    rank x (in + out) per q, k, v, o projection of every language-model layer, counted from the
+    config's own dimensions."""
+    released = next(r for r in RELEASED if r.name == name)
+    model = build_on_meta(released)
+    assert abs(parameter_count(model) / released.published_params - 1) < 0.01
+    text = model.config.text_config
+    h, heads, kv = text.hidden_size, text.num_attention_heads, text.num_key_value_heads
+    hd = getattr(text, "head_dim", None) or h // heads
+    per_layer = (h + heads * hd) + 2 * (h + kv * hd) + (heads * hd + h)       # q, k, v, o: in + out
+    assert lora_trainable(model, family_by_name(released.family).lora_targets, 32) == \
+        32 * per_layer * text.num_hidden_layers
+
+
+@pytest.mark.parametrize("config, family", [("maniskill_gpu.yaml", "idefics3"), ("paligemma_gpu.yaml", "paligemma"),
+                                            ("qwen2_5_vl_gpu.yaml", "qwen2_5_vl")])
+def test_each_family_s_gpu_config_takes_a_checkpoint_of_the_family(dirs, config, family):
+    """The GPU configs (bf16, LoRA r32 on the family's targets, ZeRO-3) accept a directory of their
+    family; without one they say which key to set."""
+    from asyncvla.common.preflight import problems
+    cfg = load_config(str(REPO / "configs" / config), [f"policy.pretrained_path={dirs[family]}"])
+    assert problems(cfg, ports=False) == []
+    assert cfg.policy.is_lora and cfg.policy.lora_rank == 32 and cfg.learner.zero_stage == 3
+    if family != "idefics3":
+        assert cfg.policy.precision == "bf16" and cfg.policy.lora_target_modules == "auto"
+        missing = load_config(str(REPO / "configs" / config))
+        assert problems(missing, ports=False)[0].startswith("policy.pretrained_path=") and \
+            "no such directory" in problems(missing, ports=False)[0]
