@@ -45,6 +45,12 @@ def run(args) -> int:
     except ConfigError as e:
         print(f"asyncvla pipeline: config error: {e}", file=sys.stderr)
         return 2
+    from asyncvla.common import trackers
+    found = trackers.problems(cfg)            # (before minutes of demonstrations and SFT, not after)
+    for line in found:
+        print(f"asyncvla pipeline: cannot start: {line}", file=sys.stderr)
+    if found:
+        return 2
     run_dir = run_dir_of_config(cfg)
     demos, policy = run_dir / "demos", run_dir / "sft" / "policy"
     cli = [sys.executable, "-m", "asyncvla.launch.cli"]

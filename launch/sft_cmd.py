@@ -44,9 +44,10 @@ def sft(cfg) -> int:
 
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s sft %(levelname)s %(message)s")
     from asyncvla.common import trackers
-    for line in trackers.problems(cfg):       # (before minutes of start-up, not after)
+    found = trackers.problems(cfg)            # (before minutes of start-up, not after)
+    for line in found:
         print(f"asyncvla sft: cannot start: {line}", file=sys.stderr)
-    if trackers.problems(cfg):
+    if found:
         return 2
     if not cfg.sft.data:
         print("asyncvla sft: config error: sft.data is not set; give the demonstrations, e.g. "

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 CONFIG_PAGE = ROOT / "docs" / "configuration.md"
 REGENERATE = "asyncvla config --describe --markdown > docs/configuration.md"
-README_MAX_LINES = 220
+README_MAX_LINES = 240
 BIN = Path(sys.executable).parent          # the venv's bin: asyncvla, mkdocs
 
 
