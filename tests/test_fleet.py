@@ -77,6 +77,17 @@ def start_train(tmp: Path, name: str, host_lines: list[str] | None, overrides: l
     return proc, log
 
 
+def start_fleet(tmp: Path, name: str, control: str, run: Path, slots: int = 1, extra=()) -> subprocess.Popen:
+    """`asyncvla actors` on HOSTS for a learner started apart, its output in tmp/<name>-actors.log."""
+    hostfile = tmp / f"{name}.hosts"
+    hostfile.write_text("".join(f"{h} slots={slots}\n" for h in HOSTS))
+    with open(tmp / f"{name}-actors.log", "wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "asyncvla.launch.cli", "actors", "--hostfile", str(hostfile),
+                                 "--learner", control, "--keys-dir", str(tmp / "keys"), "--run-dir", str(run), *extra],
+                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, DS_ENV_FILE=str(tmp / "deepspeed_env")))
+
+
 def wait_for(log: Path, pattern: str, proc: subprocess.Popen, timeout: float = 240) -> re.Match:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -186,16 +197,10 @@ def test_fleets_on_two_hosts_train_to_the_budget_and_leave_nothing(hosts):
     generate(hosts / "keys", 2)                # (the learner reads its authorized clients at start)
     proc, log = start_train(hosts, "budget", None, ["learner.max_steps=6"])
     run = hosts / "runs" / "budget"
-    fleet_log = hosts / "budget-actors.log"
+    fleet_log = hosts / "budget-actors.log"                 # (start_fleet's)
     try:
         control = wait_for(log, r"actors join at (\S+)", proc).group(1)
-        hostfile = hosts / "budget.hosts"
-        hostfile.write_text("".join(f"{h} slots=4\n" for h in HOSTS))
-        with open(fleet_log, "wb") as out:
-            fleet = subprocess.Popen([sys.executable, "-m", "asyncvla.launch.cli", "actors", "--hostfile", str(hostfile),
-                                      "--per-host", "1", "--learner", control, "--keys-dir", str(hosts / "keys"),
-                                      "--run-dir", str(run)], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                     env=dict(os.environ, DS_ENV_FILE=str(hosts / "deepspeed_env")))
+        fleet = start_fleet(hosts, "budget", control, run, slots=4, extra=["--per-host", "1"])
         code = proc.wait(timeout=300)
         fleet_code = fleet.wait(timeout=60)
     finally:
@@ -258,12 +263,7 @@ def test_ctrl_c_to_asyncvla_actors_stops_every_remote_actor_within_seconds(hosts
     fleet_log = hosts / "stop-actors.log"
     try:
         control = wait_for(log, r"actors join at (\S+)", proc).group(1)
-        hostfile = hosts / "stop.hosts"
-        hostfile.write_text("".join(f"{h} slots=1\n" for h in HOSTS))
-        with open(fleet_log, "wb") as out:
-            fleet = subprocess.Popen([sys.executable, "-m", "asyncvla.launch.cli", "actors", "--hostfile", str(hostfile),
-                                      "--learner", control, "--keys-dir", str(hosts / "keys"), "--run-dir", str(run)],
-                                     cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        fleet = start_fleet(hosts, "stop", control, run)
         for host in HOSTS:
             wait_for(fleet_log, rf"{re.escape(host)}: 1/1 actors running", fleet)
         wait_for(log, r"checkpoint \S*step_00000002 complete", proc)

@@ -25,6 +25,10 @@ class Released:
     config: dict                # its config.json (transformers' defaults it relies on written out)
 
 
+# Both SmolVLMs see through SigLIP-B/16 at 512 px (93 M parameters).
+SIGLIP_B16_512 = {'hidden_size': 768, 'intermediate_size': 3072, 'num_hidden_layers': 12, 'num_attention_heads': 12,
+                  'patch_size': 16, 'image_size': 512}
+
 SMOLVLM_256M_INSTRUCT = Released(
     'HuggingFaceTB/SmolVLM-256M-Instruct', 'idefics3', 256_484_928,
     'Hugging Face API (safetensors parameter count) of the checkpoint; 513 MB in bf16',
@@ -45,12 +49,7 @@ SMOLVLM_256M_INSTRUCT = Released(
                      'rms_norm_eps': 1e-05,
                      'rope_theta': 100000,
                      'tie_word_embeddings': False},
-     'vision_config': {'hidden_size': 768,
-                       'intermediate_size': 3072,
-                       'num_hidden_layers': 12,
-                       'num_attention_heads': 12,
-                       'patch_size': 16,
-                       'image_size': 512}})
+     'vision_config': SIGLIP_B16_512})
 
 SMOLVLM_500M_INSTRUCT = Released(
     'HuggingFaceTB/SmolVLM-500M-Instruct', 'idefics3', 507_482_304,
@@ -72,12 +71,7 @@ SMOLVLM_500M_INSTRUCT = Released(
                      'rms_norm_eps': 1e-05,
                      'rope_theta': 100000,
                      'tie_word_embeddings': False},
-     'vision_config': {'hidden_size': 768,
-                       'intermediate_size': 3072,
-                       'num_hidden_layers': 12,
-                       'num_attention_heads': 12,
-                       'patch_size': 16,
-                       'image_size': 512}})
+     'vision_config': SIGLIP_B16_512})
 
 PALIGEMMA_3B_PT_224 = Released(
     'google/paligemma-3b-pt-224', 'paligemma', 2_923_466_480,
