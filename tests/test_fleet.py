@@ -280,3 +280,28 @@ def test_ctrl_c_to_asyncvla_actors_stops_every_remote_actor_within_seconds(hosts
     assert took < 15 and "stopping every host's actors" in text, (took, text)
     for host in HOSTS:
         assert f"{host}: stopped;" in text, text
+
+
+def test_a_killed_asyncvla_actors_leaves_no_actor_on_the_hosts(hosts):
+    """SIGKILL, no chance to clean up: its ssh processes die with it (parent-death signal), each
+    host's channel closes, and the supervisors stop their actors."""
+    from asyncvla.launch.keygen import generate
+    generate(hosts / "keys", 2)
+    proc, log = start_train(hosts, "kill", None, ["learner.max_steps=1000000"])
+    run = hosts / "runs" / "kill"
+    try:
+        control = wait_for(log, r"actors join at (\S+)", proc).group(1)
+        fleet = start_fleet(hosts, "kill", control, run)
+        for host in HOSTS:
+            wait_for(hosts / "kill-actors.log", rf"{re.escape(host)}: 1/1 actors running", fleet)
+        # asyncvla actors, and per host its supervisor (actor-host) and actor
+        assert len([p for p in processes_naming(str(run)) if " actor" in p]) == 1 + 2 * len(HOSTS)
+        fleet.send_signal(signal.SIGKILL)
+        fleet.wait()
+        gone_at = time.time()
+        while [p for p in processes_naming(str(run)) if " actor" in p] and time.time() - gone_at < 15:
+            time.sleep(0.2)
+        left = [p for p in processes_naming(str(run)) if " actor" in p]
+    finally:
+        multinode._stop_group(proc)
+    assert not left, left
