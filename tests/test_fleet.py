@@ -8,6 +8,8 @@ sshd on 127.0.0.2 and 127.0.0.3 (tests/benchmarks/multinode.py), one supervisor 
    train; each host's keys are private (0700 folder, 0600 files) while it runs; a remote actor
    killed with SIGKILL is restarted by its host's supervisor; Ctrl-C to the launcher writes a
    final checkpoint and leaves no process on any host 5 s after it exits.
+3. `asyncvla actors` beside a learner started apart: Ctrl-C stops every remote actor within
+   seconds; a SIGKILL leaves none either.
 
 ~2 minutes on 2 cores. Needs root (sshd, an ssh client drop-in) like tests/test_multinode.py.
 `asyncvla actors --hostfile` against a learner started apart runs the same Fleet (launch/fleet.py);
