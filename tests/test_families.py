@@ -76,6 +76,22 @@ def test_act_and_evaluate_agree_bit_for_bit(dirs, family, head):
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_paligemma_s_prompt_attends_both_ways_the_others_causally(dirs, family):
+    """A later instruction changes the hidden state of the first image token only in a prefix LM."""
+    policy = policy_from(dirs[family])
+    image, _, _ = observation(policy, batch=2)
+    ids, mask = policy.tokenize(["push the cube to the goal region", "lift the peg"])
+    first = []
+    for row in (0, 1):
+        inputs = policy._inputs(image[:1], ids[row:row + 1], mask[row:row + 1], None)
+        embeds, attn, pos, _ = policy._prompt(*inputs)
+        with torch.no_grad():
+            hidden = policy._decode(embeds, policy._prompt_mask(attn, embeds.dtype), pos, None, False).last_hidden_state
+        first.append(hidden[0, policy.layout.image_start])
+    assert torch.equal(first[0], first[1]) == (family != "paligemma")
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_lora_sits_on_the_documented_targets_only(dirs, family):
     """The family's targets (its language model's q, k, v, o projections, every layer), nothing else;
     r x (in + out) trainable numbers each, plus the value head."""

@@ -453,13 +453,18 @@ def test_action_queries_see_the_prompt_and_each_other_and_the_prompt_not_them(pa
     assert not np.allclose(changed[0], base[0][0]) and np.array_equal(changed[1:], base[0][1:])
 
 
-def test_query_attention_mask_matches_a_naive_loop():
+@pytest.mark.parametrize("bidirectional_prompt", [False, True])
+@pytest.mark.parametrize("causal_queries", [False, True])
+def test_query_attention_mask_matches_a_naive_loop(bidirectional_prompt, causal_queries):
     prompt_mask = torch.tensor([[1, 0, 1, 1], [1, 1, 1, 1]])
-    m = query_attention_mask(prompt_mask, 3, torch.float32)
+    m = query_attention_mask(prompt_mask, 3, torch.float32, bidirectional_prompt, causal_queries)
     assert m.shape == (2, 1, 7, 7) and m.dtype == torch.float32
     for b, q, k in np.ndindex(2, 7, 7):
         key = k >= 4 or prompt_mask[b, k] == 1
-        allowed = key and (k <= q or (q >= 4 and k >= 4))
+        if q < 4:                                   # a prompt row
+            allowed = key and k < 4 and (k <= q or bidirectional_prompt)
+        else:                                       # a query (or fed-back action token) row
+            allowed = key and (k < 4 or k <= q or not causal_queries)
         assert float(m[b, 0, q, k]) == (0.0 if allowed else torch.finfo(torch.float32).min), (b, q, k)
 
 

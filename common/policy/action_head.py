@@ -33,14 +33,18 @@ class ActionQueries(nn.Module):
         return self.weight.to(dtype).unsqueeze(0).repeat(batch, 1, 1)
 
 
-def query_attention_mask(prompt_mask: torch.Tensor, num_queries: int, dtype: torch.dtype) -> torch.Tensor:
+def query_attention_mask(prompt_mask: torch.Tensor, num_queries: int, dtype: torch.dtype,
+                         bidirectional_prompt: bool = False, causal_queries: bool = False) -> torch.Tensor:
     """Prompt padding mask [B, P] (1 = token) -> additive mask [B, 1, P+N, P+N] (0 = attend, dtype's
-    min = blocked): prompt rows see earlier non-padding prompt tokens, query rows see every
-    non-padding prompt token and every query."""
+    min = blocked): prompt rows see earlier non-padding prompt tokens (every one with
+    `bidirectional_prompt`: a prefix LM such as PaliGemma), query rows see every non-padding prompt
+    token and every query (only earlier ones with `causal_queries`: action tokens fed back)."""
     b, p = prompt_mask.shape
     i = torch.arange(p + num_queries, device=prompt_mask.device)
     causal = i[None, :] <= i[:, None]
-    among_queries = (i[:, None] >= p) & (i[None, :] >= p)
+    among_queries = (i[:, None] >= p) & (i[None, :] >= p) & (not causal_queries)
+    if bidirectional_prompt:
+        causal = causal | ((i[:, None] < p) & (i[None, :] < p))
     keys = torch.cat([prompt_mask.bool(), prompt_mask.new_ones(b, num_queries, dtype=torch.bool)], 1)
     allowed = (causal | among_queries)[None] & keys[:, None, :]
     mask = torch.zeros(allowed.shape, dtype=dtype, device=prompt_mask.device)

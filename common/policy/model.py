@@ -263,7 +263,8 @@ class VLAPolicy(nn.Module):
         """V(x) [B] fp32 from the prompt alone (for bootstrapping truncated episodes)."""
         image, ids, mask, state = self._inputs(image, ids, mask, state)
         embeds, attn, pos, image = self._prompt(image, ids, mask, state)
-        hidden = self._decode(embeds, attn, pos, cache=None, use_cache=False).last_hidden_state
+        hidden = self._decode(embeds, self._prompt_mask(attn, embeds.dtype), pos, cache=None,
+                              use_cache=False).last_hidden_state
         return self.value_head(hidden[:, -1], image)
 
     # --------------------------------------------------------------- trainable parameters
@@ -387,7 +388,7 @@ class VLAPolicy(nn.Module):
     def _sample(self, prompt, temperature: float, greedy: bool, generator) -> torch.Tensor:
         """Autoregressive decoding of the N action tokens with the KV cache -> bins int64 [B, N]."""
         embeds, attn, pos, _ = prompt
-        out = self._decode(embeds, attn, pos, cache=None, use_cache=True)
+        out = self._decode(embeds, self._prompt_mask(attn, embeds.dtype), pos, cache=None, use_cache=True)
         bins = []
         for i in range(self.num_action_tokens):
             logits = self._action_logits(out.last_hidden_state[:, -1])  # [B, n_bins]
@@ -416,7 +417,10 @@ class VLAPolicy(nn.Module):
         p, n = embeds.shape[1], self.num_action_tokens
         # The last action token predicts nothing we score, so it is not fed.
         embeds = torch.cat([embeds, self._embed(bins[:, :-1] + self.action_tokenizer.first_id)], 1)
-        attn = torch.cat([attn, attn.new_ones(attn.shape[0], n - 1)], 1)
+        if self.family.prefix_bidirectional:
+            attn = query_attention_mask(attn, n - 1, embeds.dtype, bidirectional_prompt=True, causal_queries=True)
+        else:
+            attn = torch.cat([attn, attn.new_ones(attn.shape[0], n - 1)], 1)
         pos = torch.cat([pos, pos[..., -1:] + torch.arange(1, n, device=pos.device)], -1)
         hidden = self._decode(embeds, attn, pos, cache=None, use_cache=False).last_hidden_state
         return self._action_logits(hidden[:, p - 1:]), self.value_head(hidden[:, p - 1], image)
@@ -429,7 +433,7 @@ class VLAPolicy(nn.Module):
         (b, p, _), n = embeds.shape, self.num_action_tokens
         embeds = torch.cat([embeds, self.action_queries(b, embeds.dtype)], 1)
         pos = torch.cat([pos, pos[..., -1:] + torch.arange(1, n + 1, device=pos.device)], -1)
-        attn = query_attention_mask(attn, n, embeds.dtype)
+        attn = query_attention_mask(attn, n, embeds.dtype, bidirectional_prompt=self.family.prefix_bidirectional)
         hidden = self._decode(embeds, attn, pos, cache=None, use_cache=False).last_hidden_state
         return self._action_logits(hidden[:, p:]), self.value_head(hidden[:, p - 1], image)
 
@@ -466,6 +470,13 @@ class VLAPolicy(nn.Module):
         attn = torch.cat(attn, 1)
         pos = self.family.positions(attn, lay, self._vlm.config, self.image_spec.model_size)
         return torch.cat(parts, 1), attn, pos, image
+
+    def _prompt_mask(self, attn, dtype):
+        """The prompt's own mask: its padding mask [B, P], or for a family that attends to its prefix
+        both ways the 4-D mask that says so."""
+        if self.family.prefix_bidirectional:
+            return query_attention_mask(attn, 0, dtype, bidirectional_prompt=True)
+        return attn
 
     def _decode(self, embeds, attn, pos, cache, use_cache: bool):
         return self.family.decoder(self._vlm)(inputs_embeds=embeds, attention_mask=attn, position_ids=pos,

@@ -28,6 +28,7 @@ class Family:
     image_token = "<image>"
     special_tokens: tuple = ()      # what a tiny tokenizer of this family holds besides <pad> <s> </s> <unk>
     lora_targets = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj)"
+    prefix_bidirectional = False    # the prompt (image, instruction, state) attends to itself both ways
 
     # -- checkpoints
     def tiny_config(self, bcfg, image_size: int, tokenizer):

@@ -5,10 +5,10 @@ Prompt: <image> x n, then <bos> and the instruction, as PaliGemma's processor la
 checkpoints). Gemma scales its token embeddings by sqrt(hidden) itself; the projected image
 features go in unscaled, as in PaliGemma's own forward.
 
-Attention here is causal over the whole sequence. PaliGemma's pretraining attends to the image
-and prompt prefix in both directions (its config's `use_bidirectional_attention`); the policy's
-value and action tokens read a causal prefix, so `prepare` turns that off: LoRA adapts the model
-to it, and a checkpoint saved back carries the setting.
+Attention is PaliGemma's prefix LM, as in its pretraining and in pi0: the prompt (image,
+instruction, state token) attends to itself in both directions, the action tokens causally (each
+sees the whole prompt and the action tokens before it; the parallel head's queries see each
+other). The policy hands the language model that 4-D mask itself (action_head.query_attention_mask).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class PaliGemma(Family):
     model_types = ("paligemma",)
     image_token = "<image>"
     special_tokens = ("<image>",)
+    prefix_bidirectional = True
 
     def tiny_config(self, bcfg, image_size: int, tokenizer) -> PaliGemmaConfig:
         need(image_size % bcfg.patch_size == 0,
@@ -39,7 +40,7 @@ class PaliGemma(Family):
                              num_attention_heads=bcfg.text_heads, num_key_value_heads=1,
                              head_dim=bcfg.text_hidden_size // bcfg.text_heads, vocab_size=bcfg.vocab_size,
                              max_position_embeddings=4096, pad_token_id=ids["pad"], bos_token_id=ids["bos"],
-                             eos_token_id=ids["eos"], use_bidirectional_attention=False),
+                             eos_token_id=ids["eos"]),
             image_token_index=tokenizer.convert_tokens_to_ids(self.image_token),
             projection_dim=bcfg.text_hidden_size, vocab_size=bcfg.vocab_size, pad_token_id=ids["pad"])
 
@@ -47,14 +48,6 @@ class PaliGemma(Family):
         from transformers import SiglipImageProcessor
         return SiglipImageProcessor(size={"height": image_size, "width": image_size}, image_mean=[0.5] * 3,
                                     image_std=[0.5] * 3, resample=3)
-
-    def prepare(self, vlm) -> None:
-        text = vlm.config.text_config
-        if getattr(text, "use_bidirectional_attention", False):
-            text.use_bidirectional_attention = False
-            for m in vlm.model.language_model.modules():
-                if hasattr(m, "is_causal"):
-                    m.is_causal = True
 
     def image_features(self, vlm, pixels):
         vm = vlm.model
