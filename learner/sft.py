@@ -131,7 +131,10 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
         bar.update(1)
         last = step == sc.steps
         if last or (sc.eval_interval and step % sc.eval_interval == 0):
+            if evaluate is not None:       # (minutes on ManiSkill: say so rather than look stuck)
+                bar.set_description(f"sft: evaluating on {sc.eval_episodes} episodes", refresh=True)
             record = _evaluate(engine, eval_policy, val, ids, mask, tokenizer, cfg, step, evaluate)
+            bar.set_description("sft", refresh=False)
             record.update(step=step, wall_s=round(time.perf_counter() - t0, 1))
             history.append(record)
             if writer is not None:
