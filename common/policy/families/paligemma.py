@@ -45,9 +45,9 @@ class PaliGemma(Family):
             projection_dim=bcfg.text_hidden_size, vocab_size=bcfg.vocab_size, pad_token_id=ids["pad"])
 
     def image_processor(self, bcfg, image_size: int):
-        from transformers import SiglipImageProcessor
-        return SiglipImageProcessor(size={"height": image_size, "width": image_size}, image_mean=[0.5] * 3,
-                                    image_std=[0.5] * 3, resample=3)
+        from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+        return SiglipImageProcessorPil(size={"height": image_size, "width": image_size}, image_mean=[0.5] * 3,
+                                       image_std=[0.5] * 3, resample=3)
 
     def image_features(self, vlm, pixels):
         vm = vlm.model
