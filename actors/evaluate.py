@@ -24,6 +24,7 @@ import numpy as np
 
 from asyncvla.actors.envs import make_env
 from asyncvla.actors.rollout import InstructionCache
+from asyncvla.common.trackers import Trackers
 
 Z95 = 1.959964                  # two-sided 95% normal quantile
 DEFAULT_NUM_ENVS = 8            # envs per round: ManiSkill on the CPU runs one process per env
@@ -223,7 +224,6 @@ def periodic_eval(policy, cfg, step: int, run_dir, writer=None) -> dict:
         for tag, key in (("eval/success_rate", "success_rate"), ("eval/return", "return_mean"),
                          ("eval/length", "length_mean")):
             writer.add_scalar(tag, summary[key], step)
-        from asyncvla.common.trackers import Trackers
         videos = sorted(out_dir.glob("*.mp4"))
         if videos and isinstance(writer, Trackers):
             writer.add_video("eval/video", videos[0], step)

@@ -41,9 +41,9 @@ from asyncvla.common.policy import VLAPolicy
 from asyncvla.common.protocol import SegmentSpec
 from asyncvla.common.rundir import CHECKPOINTS, run_dir as run_dir_of_config
 from asyncvla.common.signals import stop_on_signals
+from asyncvla.common.trackers import open_trackers
 from asyncvla.learner import checkpoint, engine as ds_engine
 from asyncvla.learner.ingest import Inbox, rollout_plan
-from asyncvla.common.trackers import open_trackers
 from asyncvla.learner.metrics import Metrics, group, write_accounting
 from asyncvla.learner.publish import EmaPublisher, Publisher, trainable_finite
 from asyncvla.learner.update import FiniteGuard, NonFiniteError, outputs_finite, update

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForImageTextToText, AutoTokenizer, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
-from .families import Family, family_by_name, family_of
+from .families import Family, family_by_name, family_for_type, need
 from .families.idefics3 import FAMILY as IDEFICS3
 
 BASE_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
@@ -76,9 +76,6 @@ def build_tiny_tokenizer(text_vocab_size: int, family: Family = IDEFICS3) -> Pre
 def tiny_backbone_config(bcfg, image_size: int, tokenizer, family: Family = IDEFICS3):
     """The family's random-init config of `policy.backbone`'s sizes (BackboneConfig); the vision
     MLP is 4x the vision width."""
-    def need(ok: bool, msg: str):
-        if not ok:
-            raise ValueError(msg)
     need(bcfg.vision_hidden_size % bcfg.vision_heads == 0,
          f"policy.backbone.vision_hidden_size={bcfg.vision_hidden_size} must be divisible by "
          f"policy.backbone.vision_heads={bcfg.vision_heads}")
@@ -155,7 +152,7 @@ def checkpoint_family(path: str) -> Family:
     ValueError naming what was found and what is supported."""
     with open(os.path.join(path, "config.json")) as f:
         model_type = json.load(f).get("model_type")
-    return family_of(type("Config", (), {"model_type": model_type}), f"checkpoint '{path}'")
+    return family_for_type(model_type, f"checkpoint '{path}'")
 
 
 def load_backbone(path: str, dtype: torch.dtype, image_size: int | None = None):
@@ -172,7 +169,6 @@ def load_backbone(path: str, dtype: torch.dtype, image_size: int | None = None):
     if image_id != model.config.image_token_id:
         raise ValueError(f"checkpoint '{path}': the model's image_token_id={model.config.image_token_id} "
                          f"differs from the tokenizer's {family.image_token} id {image_id}")
-    family.prepare(model)
     model.eval()
     return model, tokenizer, read_image_spec(path, model.config, family, image_size)
 
@@ -186,7 +182,7 @@ def read_image_spec(path: str, config, family: Family = IDEFICS3, image_size: in
         with open(proc) as f:
             p = json.load(f)
     size = image_size if image_size is not None else int(getattr(config.vision_config, "image_size", 0) or 224)
-    spec = {"model_size": family.model_size(config, p, size)}
+    spec = {"model_size": family.model_size(config, size)}
     if p:
         for key, name in (("rescale", "rescale_factor"), ("mean", "image_mean"), ("std", "image_std")):
             if p.get(name) is not None:

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import torch
 
-TEXT_POSITIONS = "cumsum"         # position ids from the attention mask: cumsum - 1
-
 
 class Family:
     """The interface; the defaults fit a plain vision tower + projector + causal LM."""
@@ -39,11 +37,8 @@ class Family:
         """The family's image processor for a tiny checkpoint (saved as preprocessor_config.json)."""
         raise NotImplementedError
 
-    def prepare(self, vlm) -> None:
-        """Adjust a loaded model for use as a causal policy (default: nothing)."""
-
     # -- images
-    def model_size(self, config, preprocessor: dict, image_size: int) -> int:
+    def model_size(self, config, image_size: int) -> int:
         """The side of the square image the vision tower takes."""
         return int(config.vision_config.image_size)
 
@@ -69,6 +64,12 @@ class Family:
         """Position ids of the prompt [B, P] (a family with multi-axis positions: [A, B, P]);
         the tokens appended after it continue from the last one along the last axis."""
         return (attn.cumsum(1) - 1).clamp(min=0)
+
+
+def need(ok: bool, msg: str) -> None:
+    """A tiny config's size check: ValueError(msg) unless ok."""
+    if not ok:
+        raise ValueError(msg)
 
 
 def known_ids(tokenizer, *tokens: str) -> list:
@@ -101,7 +102,12 @@ def family_by_name(name: str) -> Family:
 
 def family_of(config, where: str = "the backbone") -> Family:
     """The family of a loaded config (its model_type)."""
-    model_type = getattr(config, "model_type", None)
+    return family_for_type(getattr(config, "model_type", None), where)
+
+
+def family_for_type(model_type: str | None, where: str) -> Family:
+    """The family of a config.json's model_type; an unknown one raises ValueError naming it and
+    what is supported."""
     found = _registry().get(model_type)
     if found is None:
         raise ValueError(f"{where} holds a {model_type!r} model; supported: {', '.join(supported_model_types())}")

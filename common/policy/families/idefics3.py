@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from transformers import Idefics3Config
 
-from . import Family, known_ids
+from . import Family, known_ids, need
 
 
 class Idefics3(Family):
@@ -64,11 +64,6 @@ class Idefics3(Family):
 
     def decoder(self, vlm):
         return vlm.model.text_model
-
-
-def need(ok: bool, msg: str) -> None:
-    if not ok:
-        raise ValueError(msg)
 
 
 def token_ids(tokenizer) -> dict:

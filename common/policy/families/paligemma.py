@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from transformers import PaliGemmaConfig
 
-from . import Family
-from .idefics3 import need, token_ids
+from . import Family, need
+from .idefics3 import token_ids
 
 
 class PaliGemma(Family):

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from transformers import Qwen2_5_VLConfig
 
-from . import Family, known_ids
-from .idefics3 import need, token_ids
+from . import Family, known_ids, need
+from .idefics3 import token_ids
 
 VISION_START, IMAGE_PAD, VISION_END, VIDEO_PAD = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"
 
@@ -58,7 +58,7 @@ class Qwen2_5_VL(Family):
         return Qwen2VLImageProcessorPil(patch_size=bcfg.patch_size, merge_size=2, temporal_patch_size=2,
                                         min_pixels=side * side, max_pixels=side * side)
 
-    def model_size(self, config, preprocessor: dict, image_size: int) -> int:
+    def model_size(self, config, image_size: int) -> int:
         unit = _unit(config.vision_config)
         return max(unit, round(image_size / unit) * unit)
 
