@@ -87,10 +87,18 @@ def read_hostfile(path: str | os.PathLike, per_host: int | None = None) -> list[
     return hosts
 
 
-def client_bundles(keys_dir: str | os.PathLike, needed: int) -> list[Path]:
-    """The first `needed` client bundles of an `asyncvla keygen` folder, one per host."""
+def client_bundles(keys_dir: str | os.PathLike, needed: int, make_missing: bool = False) -> list[Path]:
+    """The first `needed` client bundles of an `asyncvla keygen` folder, one per host; with
+    `make_missing`, those lacking are made (only before the learner starts: it reads its authorized
+    clients once)."""
     from asyncvla.common.sockets import CLIENTS_DIR
     bundles = sorted(p for p in (Path(keys_dir) / CLIENTS_DIR).glob("client_*") if p.is_dir())
+    missing = needed - len(bundles)
+    if make_missing and missing > 0:
+        from asyncvla.launch.keygen import generate
+        bundles += generate(keys_dir, missing)
+        print(f"asyncvla: made {missing} client key bundles in {Path(keys_dir) / CLIENTS_DIR} for the actor hosts",
+              flush=True)
     if len(bundles) < needed:
         raise HostfileError(f"{needed} actor hosts need {needed} client key bundles, {keys_dir}/{CLIENTS_DIR} has "
                             f"{len(bundles)}: run `asyncvla keygen {keys_dir} --clients {needed - len(bundles)}` "
@@ -126,9 +134,9 @@ class Fleet:
     """One ssh per host running its supervisor; their lines relayed here with the host's name."""
 
     def __init__(self, hosts: list[Host], learner: str, run_dir: Path, keys_dir: str | None = None,
-                 max_restarts: int = 5, placement: str = "all", out=None):
+                 max_restarts: int = 5, placement: str = "all", out=None, make_missing_keys: bool = False):
         self.hosts, self.out = hosts, out or sys.stdout
-        bundles = client_bundles(keys_dir, len(hosts)) if keys_dir else [None] * len(hosts)
+        bundles = client_bundles(keys_dir, len(hosts), make_missing_keys) if keys_dir else [None] * len(hosts)
         self.keys = {h.name: _bundle_files(b) for h, b in zip(hosts, bundles)}
         env = remote_env()
         self.commands = {h.name: host_command(h, learner, run_dir, max_restarts, placement, env) for h in hosts}

@@ -224,20 +224,10 @@ def actor_fleet(cfg: Config, run_dir: Path):
     learner starts (it reads its authorized clients once)."""
     if not cfg.launch.actor_hostfile:
         return None
-    from asyncvla.launch.fleet import Fleet, client_bundles, read_hostfile
-    hosts = read_hostfile(cfg.launch.actor_hostfile)
-    keys = cfg.transport.keys_dir
-    if keys:
-        from asyncvla.common.sockets import CLIENTS_DIR
-        from asyncvla.launch.keygen import generate
-        have = len([p for p in (Path(keys) / CLIENTS_DIR).glob("client_*") if p.is_dir()])
-        if have < len(hosts):
-            generate(keys, len(hosts) - have)
-            print(f"asyncvla: made {len(hosts) - have} client key bundles in {keys}/{CLIENTS_DIR} for the actor hosts",
-                  flush=True)
-        client_bundles(keys, len(hosts))
-    return Fleet(hosts, f"tcp://{_fleet_host(cfg)}:{cfg.transport.control_port}", run_dir, keys,
-                 cfg.launch.max_actor_restarts if cfg.launch.restart_actors else 0, str(cfg.launch.placement.actors))
+    from asyncvla.launch.fleet import Fleet, read_hostfile
+    return Fleet(read_hostfile(cfg.launch.actor_hostfile), f"tcp://{_fleet_host(cfg)}:{cfg.transport.control_port}",
+                 run_dir, cfg.transport.keys_dir, cfg.launch.max_actor_restarts if cfg.launch.restart_actors else 0,
+                 str(cfg.launch.placement.actors), make_missing_keys=True)
 
 
 def _fleet_host(cfg: Config) -> str:
