@@ -19,11 +19,8 @@ it. logging.tracker_mode=offline keeps wandb and swanlab on local files (`wandb 
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 BACKENDS = ("tensorboard", "wandb", "swanlab")
 EXTRAS = {"wandb": "pip install wandb (or pip install -e .[wandb])",
