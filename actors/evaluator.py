@@ -8,6 +8,8 @@ learner's step — which the weight server sends with each version — passes a 
 `eval.eval_interval`, and once more on the last weights when training ends (by any budget).
 Summaries and videos go to RUN/eval/step_N/; eval/success_rate, eval/return, eval/length to
 tensorboard in RUN/tb. Running it as its own process keeps env rollouts out of the learner's loop.
+Exit code: 0 once the last weights are evaluated, 128 + N when stopped by signal N (mid-evaluation
+too: without a traceback), 1 on an error (`asyncvla train` restarts it once).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def run(learner: str, run_dir: Path, tcfg) -> int:
     torch.set_num_threads(1)
     joined = join(learner, f"evaluator-{socket.gethostname()}-{os.getpid()}", tcfg, stop)
     if joined is None:
-        return 0
+        return stop.exit_code()
     cfg, policy, weights = joined.cfg, joined.policy, joined.weights
     interval, last_step = cfg.eval.eval_interval, cfg.learner.max_steps
     writer = open_trackers(cfg, run_dir, "evaluator")
@@ -65,7 +67,13 @@ def run(learner: str, run_dir: Path, tcfg) -> int:
                 latest = None
                 policy.load_trainable_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()})
                 t0 = time.perf_counter()
-                summary = periodic_eval(policy, cfg, step, run_dir, writer)
+                try:
+                    summary = periodic_eval(policy, cfg, step, run_dir, writer)
+                except Exception as e:              # (a stop can end the env workers under it)
+                    if not stop.is_set():
+                        raise
+                    log.info("stopped during the evaluation of step %d (%s)", step, str(e).splitlines()[0])
+                    break
                 log.info("step %d (version %d), %.1f s: %s", step, version, time.perf_counter() - t0,
                          format_summary(summary).replace("\n", "; "))
                 if step >= last_step:
@@ -76,7 +84,7 @@ def run(learner: str, run_dir: Path, tcfg) -> int:
     finally:
         writer.close()
         joined.close()
-    return 0
+    return stop.exit_code()
 
 
 if __name__ == "__main__":

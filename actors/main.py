@@ -2,7 +2,9 @@
 
     asyncvla actor --learner tcp://HOST:PORT [--num-envs N] [--device DEV] [--keys-dir DIR]
 
-Everything else (config, policy, env, endpoints, current weights) comes from the learner. The
+Everything else (config, policy, env, endpoints, current weights) comes from the learner. It
+exits 0 when the learner says training is over ("shutdown"), 128 + N when stopped by signal N
+(130 Ctrl-C, 143 SIGTERM: the launcher restarts an actor that ends while the learner trains). The
 loop, per segment:
     take the newest published weights (in --sync mode: wait for a version newer than the last)
     act on num_envs envs for rollout_length policy steps
@@ -44,7 +46,7 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
     stop = stop_on_signals()
     joined = join(learner, actor_id, tcfg or TransportConfig(), stop, num_envs, device, timeout=join_timeout)
     if joined is None:
-        return 0
+        return stop.exit_code()
     torch.set_num_threads(1)   # actors are many; one core each
     cfg, policy, client, weights, welcome = joined.cfg, joined.policy, joined.client, joined.weights, joined.welcome
     sender = transport.TrajectorySender(welcome["trajectory_endpoints"], cfg.transport,
@@ -97,8 +99,14 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
                 sent_at_version = 0
             if version < 0 or (cfg.launch.sync and sent_at_version >= per_version):
                 continue
-            arrays, info = rollout.collect_segment(env, policy, tokenize, state, cfg.actor.rollout_length,
-                                                   cfg.policy.temperature, generator)
+            try:
+                arrays, info = rollout.collect_segment(env, policy, tokenize, state, cfg.actor.rollout_length,
+                                                       cfg.policy.temperature, generator)
+            except Exception as e:                  # (a stop can end the env workers under it)
+                if not stop.is_set():
+                    raise
+                log.info("actor %s: stopped during a segment (%s)", actor_id, str(e).splitlines()[0])
+                break
             meta = {"actor_id": actor_id, "seq": seq, "incarnation": incarnation, "policy_version": version,
                     "num_steps": cfg.actor.rollout_length, "num_envs": env.num_envs,
                     "env_steps": info["env_steps"], "act_s": info["act_s"], "env_s": info["env_s"],
@@ -113,5 +121,6 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
         env.close()
         sender.close()
         joined.close()
-    log.info("actor %s: stopped after %d segments (%d dropped)", actor_id, seq, sender.dropped)
-    return 0
+    log.info("actor %s: stopped after %d segments (%d dropped)%s", actor_id, seq, sender.dropped,
+             f" by signal {stop.signum}" if stop.is_set() else "")
+    return stop.exit_code()

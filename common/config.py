@@ -178,6 +178,8 @@ class LearnerConfig:
     rollout_ema_decay: float = opt(0.0, "EMA of published weights: pub <- d*pub + (1-d)*theta "
                                    "(0 = publish the learner's weights as they are)", ge=0.0, lt=1.0)
     dist_timeout_minutes: int = opt(120, "collective time-out; ranks idle while actors are slow", ge=1)
+    starvation_timeout_s: float = opt(60.0, "a learner rank that receives no segment for this long logs one "
+                                      "line per interval naming the actors it last heard from (0: never)", ge=0.0)
 
 
 # --------------------------------------------------------------------------------- algorithm

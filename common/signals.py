@@ -22,17 +22,42 @@ PR_SET_PDEATHSIG = 1            # linux/prctl.h
 WATCH_INTERVAL_S = 0.5
 
 
-def stop_on_signals() -> threading.Event:
+class StopFlag(threading.Event):
+    """Set by the first SIGTERM or SIGINT; `signum` says which. A process stopped this way exits
+    with `exit_code` (128 + the signal's number, as a shell reports it): 0 is kept for a process
+    that ended by itself (its budget, or the learner's "shutdown")."""
+
+    signum: int | None = None
+
+    def exit_code(self, default: int = 0) -> int:
+        return 128 + self.signum if self.signum is not None else default
+
+
+def stop_on_signals() -> StopFlag:
     """An event set by SIGTERM or SIGINT, so a main loop can finish its step and close cleanly.
     Under `asyncvla train`, the process also ends at once if the launcher is killed."""
-    stop = threading.Event()
+    stop = StopFlag()
 
     def handler(signum, frame):
+        if stop.signum is None:
+            stop.signum = signum
         stop.set()
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     exit_with_launcher()
     return stop
+
+
+def catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has installed a handler for `sig` (/proc/PID/status SigCgt): a process
+    still starting up would die of the signal instead of stopping cleanly."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:

@@ -51,7 +51,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:     # Ctrl-C where a command has no stop of its own (start-up, SFT, eval)
+        print(f"asyncvla {args.command}: interrupted", file=sys.stderr, flush=True)
+        return 128 + 2            # (SIGINT, as a shell reports it)
 
 
 if __name__ == "__main__":

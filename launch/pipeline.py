@@ -11,15 +11,26 @@ The path users take, as one command. Every stage keeps its result in the run dir
     4. RUN/summary.json  success after SFT and after RL on the same fixed initial states, sampled
                          as the actors sample, with 95% Wilson intervals
 Each stage runs in its own processes; extra flags (--sync, --num-actors) go to `asyncvla train`.
+
+Stopping: each stage runs in a session of its own, and Ctrl-C (or SIGTERM) to the pipeline is
+passed on to it once per press, so the stage stops as it would on its own Ctrl-C (RL: final
+checkpoint, then exit 130; a second press kills it) and is never killed from here. RL counts as
+done only when `asyncvla train` exits 0, which it does only when the run ended by its budget.
+Exit codes: 0 done (the summary printed); 130 interrupted, after one line saying where ("the same
+command continues"); 1 a stage failed; 2 a bad config.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from asyncvla.common.signals import die_with_parent
 
 RL_FINISHED = "rl_finished.json"      # written once `asyncvla train` has ended by its budget
 SUMMARY = "summary.json"
@@ -59,14 +70,14 @@ def run(args) -> int:
         _say(f"1/3 demonstrations: cached in {demos}")
     else:
         _say(f"1/3 demonstrations: collecting {cfg.collect.num_episodes} episodes into {demos}")
-        if _call(cli + ["collect", args.config, *overrides, "--out", str(demos)]):
-            return 1
+        if (code := _stage("demonstrations", cli + ["collect", args.config, *overrides, "--out", str(demos)])):
+            return code
     if (policy / "policy.json").exists():
         _say(f"2/3 SFT: cached in {policy}")
     else:
         _say(f"2/3 SFT: {cfg.sft.steps} steps on {demos}")
-        if _call(cli + ["sft", args.config, *overrides, f"sft.data={demos}"]):
-            return 1
+        if (code := _stage("SFT", cli + ["sft", args.config, *overrides, f"sft.data={demos}"])):
+            return code
     rl = [*overrides, f"policy.pretrained_path={policy}"]
     done, finished = _rl_step(run_dir), run_dir / RL_FINISHED
     if finished.exists() and (run_dir / SUMMARY).exists():
@@ -79,8 +90,8 @@ def run(args) -> int:
         _say(f"3/3 RL: {_budget(cfg)}" + (f", resuming at update {done}" if done else ""))
         flags = (["--resume", str(run_dir)] if done else []) + (["--sync"] if args.sync else []) + \
             (["--num-actors", str(args.num_actors)] if args.num_actors else [])
-        if _call(cli + ["train", args.config, *rl, *flags]):
-            return 1
+        if (code := _stage("RL", cli + ["train", args.config, *rl, *flags], lambda: _rl_step(run_dir))):
+            return code
         finished.write_text(json.dumps({"updates": _rl_step(run_dir)}))
     summary = final_summary(cfg, run_dir)
     print(format_final(summary), flush=True)
@@ -146,11 +157,42 @@ def _rl_step(run_dir: Path):
     return None if latest is None else int(checkpoint.read_marker(latest)["step"])
 
 
-def _call(cmd: list[str]) -> int:
-    code = subprocess.call(cmd)
+def _stage(name: str, cmd: list[str], progress=None) -> int:
+    """Run one stage's command: 0 when it finished, 130 when it was interrupted (one line says
+    where), 1 when it failed. `progress()` names how far an interrupted stage got (RL: the
+    update its newest checkpoint holds)."""
+    code, signals = _call(cmd)
+    if signals or code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        done = progress() if progress is not None else None
+        where = f" at update {done or 0}" if progress is not None else ""
+        print(f"asyncvla pipeline: interrupted during {name}{where}; the same command continues", file=sys.stderr,
+              flush=True)
+        return 128 + signal.SIGINT
     if code:
         print(f"asyncvla pipeline: '{' '.join(cmd[3:5])}' failed with exit code {code}", file=sys.stderr)
-    return code
+        return 1
+    return 0
+
+
+def _call(cmd: list[str]) -> tuple[int, list[int]]:
+    """Run `cmd` in its own session; each SIGINT or SIGTERM this process gets is passed on to it,
+    once (a terminal's Ctrl-C reaches only this process then), and the child is waited for, never
+    killed here: an RL stage may be writing its final checkpoint. (exit code, signals passed on)"""
+    me, received = os.getpid(), []
+    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=lambda: die_with_parent(me))
+
+    def forward(signum, frame):
+        received.append(signum)
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return proc.wait(), received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _say(msg: str) -> None:

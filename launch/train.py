@@ -13,16 +13,26 @@ there, over ssh (launch/fleet.py: `asyncvla actors`), before the learner is up; 
 the client bundles the hosts need are made in transport.keys_dir first.
 
 Stopping: Ctrl-C (SIGINT) or SIGTERM asks the learner ranks to stop — SIGTERM to each rank
-directly, because the deepspeed runner dies on it at once and would take the ranks with it. They
-finish the current update, write a final checkpoint, tell the actors ("shutdown") and exit; the
-launcher then names the checkpoint and how to resume (`--resume RUN`), stops the actor fleets
-and exits with 0. The ranks
-get --stop-grace-s (60 s by default) for that; a second Ctrl-C, or a learner still running after
-the grace period, kills the run, which then resumes from its last complete checkpoint. With
---hostfile the ranks on other machines are out of the launcher's reach: a stop kills the run.
-A learner that ends non-zero (non-finite training, a final checkpoint not written, ...) ends the
-run with its exit code; the launcher then names the newest complete checkpoint and the step it
-holds (from its completion marker: where a resume continues, not where the run stopped).
+directly (once it has installed its handler: a rank still starting would die of it), because the
+deepspeed runner dies on it at once and would take the ranks with it. They finish the current
+update, write a final checkpoint, tell the actors ("shutdown") and exit; the launcher then names
+the checkpoint and how to resume (`--resume RUN`), stops the actor fleets and exits with 130
+(SIGINT) or 143 (SIGTERM): a stop is not a finish. The ranks get --stop-grace-s (60 s by default)
+for that; a second Ctrl-C, or a learner still running after the grace period, kills the run
+(exit 1), which then resumes from its last complete checkpoint. With --hostfile the ranks on
+other machines are out of the launcher's reach: a stop kills the run.
+
+Exit codes: 0 the learner ended by its budget (its record RUN/learner_end.json says so: an exit
+code alone cannot tell); 130 / 143 stopped by SIGINT / SIGTERM, after the final checkpoint; 1 the
+learner failed (non-finite training, a final checkpoint not written), every actor was lost, or
+the run was killed; 2 a bad config or a run that cannot start. The checkpoint the launcher names
+is the one the learner recorded: the newest step of the branch it trained (a run resumed from an
+older checkpoint is that checkpoint's branch), from its completion marker.
+
+Actors: a local actor that exits while the learner trains (a crash, a signal: anything but the
+learner's "shutdown", after which it exits 0) is restarted up to launch.max_actor_restarts times;
+when none is left and no actor fleet runs, the run stops (exit 1). An evaluator that dies is
+reported and restarted once.
 
 Each child runs in its own session, so a stop reaches its whole tree, and gets a parent-death
 signal: a launcher killed with SIGKILL takes every process of the run with it within seconds
@@ -41,10 +51,11 @@ from pathlib import Path
 
 from asyncvla.common import placement, preflight
 from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides, to_yaml
-from asyncvla.common.rundir import run_dir as run_dir_of_config
-from asyncvla.common.signals import LAUNCHER_PID_ENV, descendants, die_with_parent, python_module
+from asyncvla.common.rundir import clear_end, read_end, run_dir as run_dir_of_config
+from asyncvla.common.signals import LAUNCHER_PID_ENV, catches, descendants, die_with_parent, python_module
 from asyncvla.launch.fleet import HostfileError
 
+EVALUATOR_RESTARTS = 1       # an evaluator that dies is restarted this often, then evaluation stops
 STOP_GRACE_S = 60.0          # for a stopping learner to finish its update and save (--stop-grace-s)
 FLEET_GONE_S = 30.0          # every actor host ended, no local actor: the learner waits this long to end
 LEARNER_MODULE = "asyncvla.learner.main"
@@ -111,6 +122,7 @@ def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
         return 2
     children = Children()
     stop = StopRequests()
+    clear_end(run_dir)               # (the previous learner's record must not speak for this one)
     # (each learner rank pins itself to its slice: learner/main.py; an actor applies what it is given)
     cores = placement.available_cores()
     plan = placement.plan(cfg.launch.placement, cfg.launch.num_learner_ranks, cfg.launch.num_local_actors, cores)
@@ -125,9 +137,8 @@ def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
 
     actors = {i: start_actor(i) for i in range(cfg.launch.num_local_actors)}
     restarts = {i: 0 for i in actors}
-    evaluator = None
-    if cfg.eval.eval_interval:
-        evaluator = children.start("evaluator", evaluator_command(control, run_dir, keys))
+    evaluator = Evaluator(lambda: children.start("evaluator", evaluator_command(control, run_dir, keys))) \
+        if cfg.eval.eval_interval else None
     if fleet is not None:
         fleet.start()
     print(f"asyncvla: run dir {run_dir}; tensorboard --logdir {run_dir / 'tb'}", flush=True)
@@ -142,37 +153,44 @@ def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
                     print("asyncvla: every actor host has ended and no local actor runs; stopping the run",
                           file=sys.stderr, flush=True)
                     return 1
+            if evaluator is not None and not stop.count:
+                evaluator.check()
             for i, proc in list(actors.items()):
                 code = proc.poll()
                 if code is None or stop.count:
                     continue
-                if cfg.launch.restart_actors and restarts[i] < cfg.launch.max_actor_restarts and code != 0:
+                if code == 0:        # told by the learner that training is over
+                    del actors[i]
+                    continue
+                why = f"actor {i} {exit_reason(code)}"
+                if cfg.launch.restart_actors and restarts[i] < cfg.launch.max_actor_restarts:
                     restarts[i] += 1
-                    print(f"asyncvla: actor {i} exited with {code}; restart {restarts[i]}/"
-                          f"{cfg.launch.max_actor_restarts}", file=sys.stderr, flush=True)
+                    print(f"asyncvla: {why}; restart {restarts[i]}/{cfg.launch.max_actor_restarts}",
+                          file=sys.stderr, flush=True)
                     actors[i] = start_actor(i)
                     continue
                 del actors[i]
-                if code != 0:
-                    print(f"asyncvla: actor {i} exited with {code}; giving up on it "
-                          f"(launch.max_actor_restarts={cfg.launch.max_actor_restarts})", file=sys.stderr, flush=True)
-                    if not actors and not (fleet and fleet.poll()):   # nothing left to feed the learner
-                        print("asyncvla: every local actor has failed; stopping the run (see the actor "
-                              "errors above)", file=sys.stderr, flush=True)
-                        return 1
+                limit = (f"launch.max_actor_restarts={cfg.launch.max_actor_restarts} used up" if cfg.launch.restart_actors
+                         else "launch.restart_actors=false")
+                print(f"asyncvla: {why}; not restarted ({limit})", file=sys.stderr, flush=True)
+                if not actors and not (fleet and fleet.poll()):   # nothing left to feed the learner
+                    print("asyncvla: every local actor has ended and no actor fleet runs; stopping the run "
+                          f"(see the actor errors above); {resume_hint(run_dir)}", file=sys.stderr, flush=True)
+                    return 1
         if stop.count:
             return stop_learner(cfg, run_dir, learner, list(actors.values()), evaluator, children, stop,
                                 stop_grace_s)
-        if learner.returncode == 0:   # the learner told the actors it is done: let them finish
-            _wait_all(list(actors.values()), timeout=20.0, stop=stop)
-            if fleet is not None:
-                fleet.wait(20.0)
-            if evaluator is not None:   # ... and the evaluator its last evaluation
-                _wait_all([evaluator], timeout=cfg.eval.final_eval_timeout_s, stop=stop)
-        else:
+        if learner.returncode != 0:
             print(f"asyncvla: the learner exited with {learner.returncode} (see its error above); "
                   f"{resume_hint(run_dir)}", file=sys.stderr, flush=True)
-        return learner.returncode
+            return learner.returncode
+        # the learner told the actors it is done: let them finish, and the evaluator its last evaluation
+        _wait_all(list(actors.values()), timeout=20.0, stop=stop)
+        if fleet is not None:
+            fleet.wait(20.0)
+        if evaluator is not None:
+            _wait_all([evaluator.proc], timeout=cfg.eval.final_eval_timeout_s, stop=stop)
+        return finished(run_dir)
     finally:
         if fleet is not None:
             fleet.stop()
@@ -191,7 +209,7 @@ def stop_learner(cfg: Config, run_dir: Path, learner, actors: list, evaluator, c
     print(f"asyncvla: stopping: the learner finishes its update and saves (up to {grace_s:g} s; "
           "Ctrl-C again to kill the run now)", file=sys.stderr, flush=True)
     if evaluator is not None:
-        _signal_group(evaluator, signal.SIGTERM)
+        _signal_group(evaluator.proc, signal.SIGTERM)
     deadline, asked = time.time() + grace_s, set()
     while learner.poll() is None:
         if stop.count > 1 or time.time() > deadline:
@@ -200,22 +218,83 @@ def stop_learner(cfg: Config, run_dir: Path, learner, actors: list, evaluator, c
                   f"--resume {run_dir}", file=sys.stderr, flush=True)
             children.kill_all()
             return 1
-        for pid in set(learner_ranks(learner.pid)) - asked:   # ranks may still be starting
-            _signal_pid(pid, signal.SIGTERM)
-            asked.add(pid)
-        time.sleep(0.5)
+        # (ranks may still be starting: each is asked once it catches SIGTERM, or it would die of it)
+        for pid in set(learner_ranks(learner.pid)) - asked:
+            if catches(pid, signal.SIGTERM):
+                _signal_pid(pid, signal.SIGTERM)
+                asked.add(pid)
+        time.sleep(0.2)
     if learner.returncode != 0:
         print(f"asyncvla: the learner exited with {learner.returncode} while stopping; {resume_hint(run_dir)}",
               file=sys.stderr, flush=True)
         return learner.returncode
     _wait_all(actors, timeout=20.0, stop=stop)        # they end on the learner's "shutdown"
-    latest = newest_checkpoint(run_dir)
-    if latest is None:
-        print("asyncvla: stopped before the first update: no checkpoint to resume from", flush=True)
+    end, name = read_end(run_dir), signal.Signals(stop.first).name
+    if end is None:
+        print(f"asyncvla: stopped by {name}, but the learner left no end record; {resume_hint(run_dir)}",
+              file=sys.stderr, flush=True)
+        return 1
+    where = f"at update {end['step']}" if end["step"] else "before the first update"
+    if end["checkpoint"] is None:
+        print(f"asyncvla: stopped by {name} {where}: no checkpoint to resume from", flush=True)
     else:
-        print(f"asyncvla: stopped; final checkpoint {latest[0]}; it holds step {latest[1]}; to continue, run "
-              f"the same command with --resume {run_dir}", flush=True)
-    return 0
+        print(f"asyncvla: stopped by {name} {where}; final checkpoint {end['checkpoint']}; it holds step "
+              f"{end['checkpoint_step']}; to continue, run the same command with --resume {run_dir}", flush=True)
+    return 128 + stop.first
+
+
+def finished(run_dir: Path) -> int:
+    """The exit code of a learner that exited 0, from its end record: 0 only for a run that ended
+    by its budget; a learner stopped by a signal that did not come through this launcher (e.g.
+    one sent to its ranks by a scheduler) gives 128 + that signal."""
+    end = read_end(run_dir)
+    if end is None:
+        print(f"asyncvla: the learner exited without its end record ({run_dir / 'learner_end.json'}): "
+              f"whether it finished is unknown; {resume_hint(run_dir)}", file=sys.stderr, flush=True)
+        return 1
+    saved = f"final checkpoint {end['checkpoint']} (step {end['checkpoint_step']})" if end["checkpoint"] \
+        else "no checkpoint"
+    if end["reason"] == "budget":
+        print(f"asyncvla: finished by its budget at update {end['step']}; {saved}", flush=True)
+        return 0
+    signum = end.get("signal") if isinstance(end.get("signal"), int) else signal.SIGTERM
+    print(f"asyncvla: the learner was stopped by {signal.Signals(signum).name} at update {end['step']} "
+          f"(not by this launcher); {saved}; to continue, run the same command with --resume {run_dir}",
+          file=sys.stderr, flush=True)
+    return 128 + signum
+
+
+def exit_reason(code: int) -> str:
+    """'exited with 1', 'exited with 143 (SIGTERM)', 'exited with -9 (SIGKILL)'."""
+    number = -code if code < 0 else code - 128 if code > 128 else None
+    try:
+        return f"exited with {code}" + (f" ({signal.Signals(number).name})" if number else "")
+    except ValueError:
+        return f"exited with {code}"
+
+
+class Evaluator:
+    """The periodic evaluator: one that dies while the learner trains is reported and restarted
+    EVALUATOR_RESTARTS times; after that evaluation stops, and the launcher says so."""
+
+    def __init__(self, start):
+        self.start, self.restarts = start, 0
+        self.proc = start()
+        self.stopped = False
+
+    def check(self) -> None:
+        code = self.proc.poll()                  # (also reaps it: no zombie)
+        if code is None or code == 0 or self.stopped:
+            return                               # (0: it evaluated the last weights of a finished run)
+        if self.restarts < EVALUATOR_RESTARTS:
+            self.restarts += 1
+            print(f"asyncvla: the evaluator {exit_reason(code)}; restarting it ({self.restarts}/"
+                  f"{EVALUATOR_RESTARTS})", file=sys.stderr, flush=True)
+            self.proc = self.start()
+        else:
+            self.stopped = True
+            print(f"asyncvla: the evaluator {exit_reason(code)} again; periodic evaluation stops for this run "
+                  "(training goes on; `asyncvla eval` evaluates a checkpoint)", file=sys.stderr, flush=True)
 
 
 def actor_fleet(cfg: Config, run_dir: Path):
@@ -245,6 +324,12 @@ def newest_checkpoint(run_dir: Path) -> tuple[Path, int] | None:
 
 
 def resume_hint(run_dir: Path) -> str:
+    """Where a resume continues: the checkpoint the learner recorded as its branch's newest, else
+    the run's newest complete one."""
+    end = read_end(run_dir)
+    if end is not None and end["checkpoint"]:
+        return (f"newest complete checkpoint: {end['checkpoint']}; it holds step {end['checkpoint_step']}; "
+                f"to continue from it: --resume {run_dir}")
     latest = newest_checkpoint(run_dir)
     if latest is None:
         return "no complete checkpoint to resume from"
@@ -316,15 +401,17 @@ class Children:
 
 class StopRequests:
     """SIGINT and SIGTERM to the launcher, counted: the first asks for a graceful stop, a second
-    for an immediate one. The handler only counts; the launcher's loops act on it."""
+    for an immediate one; `first` is the first one's number. The handler only counts; the
+    launcher's loops act on it."""
 
     def __init__(self):
-        self.count = 0
+        self.count, self.first = 0, None
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
 
     def _on_signal(self, signum, frame):
         self.count += 1
+        self.first = self.first or signum
 
 
 def _wait_all(procs: list[subprocess.Popen], timeout: float, stop: StopRequests) -> None:

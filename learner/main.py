@@ -39,13 +39,14 @@ from asyncvla.common.allocator import keep_freed_buffers
 from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides, to_dict, to_yaml
 from asyncvla.common.policy import VLAPolicy
 from asyncvla.common.protocol import SegmentSpec
-from asyncvla.common.rundir import CHECKPOINTS, run_dir as run_dir_of_config
+from asyncvla.common.rundir import CHECKPOINTS, LEARNER_END, run_dir as run_dir_of_config, write_end
 from asyncvla.common.signals import stop_on_signals
 from asyncvla.common.trackers import open_trackers
 from asyncvla.learner import checkpoint, engine as ds_engine
 from asyncvla.learner.ingest import Inbox, rollout_plan
 from asyncvla.learner.metrics import Metrics, group, write_accounting
 from asyncvla.learner.publish import EmaPublisher, Publisher, trainable_finite
+from asyncvla.learner.starvation import StarvationWatch
 from asyncvla.learner.update import FiniteGuard, NonFiniteError, outputs_finite, update
 
 log = logging.getLogger("asyncvla.learner")
@@ -87,8 +88,13 @@ def run(cfg: Config) -> int:
     endpoints = _all_gather(receiver.endpoint)
     servers = _serve(cfg, run_dir, policy_dir, endpoints, world, lambda: version, metrics, auth_key) \
         if rank == 0 else ()
-    inbox = Inbox(receiver, cfg.learner.max_policy_lag, on_segment=metrics.add_segment,
-                  watchdog=lambda: _check_alive(servers), count_gaps=world == 1)
+    hunger = StarvationWatch(cfg.learner.starvation_timeout_s, rank, registry=servers[0].counts if servers else None)
+
+    def on_segment(segment, lag: int) -> None:
+        metrics.add_segment(segment, lag)
+        hunger.fed(segment.meta["actor_id"])
+    inbox = Inbox(receiver, cfg.learner.max_policy_lag, on_segment=on_segment,
+                  watchdog=lambda: (_check_alive(servers), hunger.check()), count_gaps=world == 1)
     publisher = Publisher(ema, servers[1] if servers else None)
     if not _weights_finite(engine, device):
         raise SystemExit("asyncvla learner: the initial trainable weights are non-finite (policy.pretrained_path "
@@ -97,14 +103,16 @@ def run(cfg: Config) -> int:
     publish_s = publisher.publish(engine, version, step) if resume_from is None else publisher.republish(version, step)
 
     guard, save_failures = FiniteGuard(cfg.learner.max_nonfinite_steps), 0
-    failure = None                    # why the run ends non-zero
-    saved_at = start_step             # the step of the newest checkpoint of this run
+    failure, stopped = None, False    # why the run ends non-zero; whether a signal ended it
+    saved_at = start_step             # the step of the newest checkpoint of this run's branch ...
+    saved_tag = resume_from           # ... and that checkpoint (None: nothing saved yet)
     started = time.perf_counter()
     while step < cfg.learner.max_steps:
         t0 = time.perf_counter()
         inbox.fill(cols, version, stop)
         if _any_rank(stop.is_set(), device):     # one rank's signal stops all at this boundary
             log.info("stop requested: ending at step %d", step)
+            stopped = True
             break
         t1 = time.perf_counter()
         batch = inbox.take(cols)
@@ -131,10 +139,11 @@ def run(cfg: Config) -> int:
         report = metrics.report(step, scalars, inbox.drops, samples=cols * cfg.actor.rollout_length * world,
                                 device=device, time_up=_time_up(cfg, started), rank0_only=_server_figures(servers))
         if save_now:
-            if _save(engine, run_dir, step, version, metrics.env_steps, ema, cfg) is None:
+            tag = _save(engine, run_dir, step, version, metrics.env_steps, ema, cfg)
+            if tag is None:
                 save_failures += 1
             else:
-                saved_at = step
+                saved_at, saved_tag = step, tag
             write_accounting(run_dir, step, inbox, servers,     # acked = trained + dropped + buffered
                              nonfinite_steps=guard.skipped, checkpoint_failures=save_failures)
         if report["time_up"] or (cfg.learner.max_env_steps and metrics.env_steps >= cfg.learner.max_env_steps):
@@ -144,13 +153,17 @@ def run(cfg: Config) -> int:
     # would replace the very checkpoint it stands on. A periodic save of the last step that failed
     # is tried once more.)
     if failure is None and step != saved_at:
-        failure = _final_save(engine, batch, run_dir, step, version, metrics.env_steps, ema, cfg, device)
+        failure, tag = _final_save(engine, batch, run_dir, step, version, metrics.env_steps, ema, cfg, device)
         save_failures += failure is not None
+        saved_at, saved_tag = (saved_at, saved_tag) if tag is None else (step, tag)
     write_accounting(run_dir, step, inbox, servers, nonfinite_steps=guard.skipped, checkpoint_failures=save_failures)
+    ended = "failed" if failure is not None else "stopped" if stopped else "budget"
+    if rank == 0:
+        _write_end(run_dir, ended, step, saved_tag, None if saved_tag is None else saved_at, stop.signum)
     if failure is not None and rank == 0:
         log.error("stopped: %s", failure)
     elif failure is None:
-        log.info("finished at step %d (version %d)", step, version)
+        log.info("%s at step %d (version %d)", "stopped" if ended == "stopped" else "finished", step, version)
     metrics.close()
     for closable in (*servers, inbox.receiver):
         closable.close()
@@ -236,14 +249,23 @@ def _save(engine, run_dir, step, version, env_steps, ema, cfg) -> Path | None:
     return checkpoint.save(engine, run_dir, step, state, keep_last=cfg.checkpoint.keep_last)
 
 
-def _final_save(engine, batch, run_dir, step, version, env_steps, ema, cfg, device) -> str | None:
-    """Save the last update's state (`batch`: its data); None, or why the run must end non-zero."""
+def _write_end(run_dir, *record) -> None:
+    try:
+        write_end(run_dir, *record)
+    except OSError as e:                 # (the launcher then cannot call it a finish: it says so)
+        log.error("the run's end record %s was not written: %s", run_dir / LEARNER_END, e)
+
+
+def _final_save(engine, batch, run_dir, step, version, env_steps, ema, cfg, device):
+    """Save the last update's state (`batch`: its data): (None, the tag dir), or (why the run must
+    end non-zero, None)."""
     unfit = _unfit(engine, batch, cfg, device)
     if unfit is not None:
-        return f"update {step}: {unfit}; not saved"
-    if _save(engine, run_dir, step, version, env_steps, ema, cfg) is None:
-        return f"the final checkpoint (update {step}) could not be written (see the error above)"
-    return None
+        return f"update {step}: {unfit}; not saved", None
+    tag = _save(engine, run_dir, step, version, env_steps, ema, cfg)
+    if tag is None:
+        return f"the final checkpoint (update {step}) could not be written (see the error above)", None
+    return None, tag
 
 
 def _unfit(engine, batch, cfg, device) -> str | None:

@@ -21,7 +21,7 @@ RSS), in the order run_suite runs them:
                    without their token
   disk full        ballast fills the checkpoints' tmpfs until a save fails; then it goes
   actor churn      SIGKILL a random local actor every `churn_every_s` for `churn_s`
-  launcher SIGINT  exit 0 with a final checkpoint; --resume continues from its step
+  launcher SIGINT  exit 130 with a final checkpoint; --resume continues from its step
   learner SIGKILL  the ranks killed, every other time during a save (a tag without its marker),
                    else at a random moment; each time --resume continues from the newest complete
                    checkpoint
@@ -1030,7 +1030,7 @@ def actor_churn(run: Run, duration_s: float, every_s: float, rng: random.Random)
             except (ProcessLookupError, PermissionError):
                 _kill(pid)
             kills += 1
-    restarts = lambda: len(_log_lines_after(run, mark, r"actor \d+ exited with -9; restart"))   # noqa: E731
+    restarts = lambda: len(_log_lines_after(run, mark, r"actor \d+ exited with -9 \(SIGKILL\); restart"))   # noqa: E731
     try:
         run.wait(lambda: restarts() >= kills and not _restarting(run, mark), 60, f"{kills} actor restarts, all sending")
     except Hang as e:
@@ -1050,7 +1050,7 @@ def actor_churn(run: Run, duration_s: float, every_s: float, rng: random.Random)
 def _restarting(run: Run, mark: int) -> set[str]:
     """Local actors restarted since `mark` that have not sent a segment yet."""
     pending = set()
-    for m in re.finditer(r"asyncvla: actor (\d+) exited with -?\d+; restart|actor local-(\d+): first segment sent",
+    for m in re.finditer(r"asyncvla: actor (\d+) exited with -?\d+(?: \(\w+\))?; restart|actor local-(\d+): first segment sent",
                          run.text()[mark:]):
         if m.group(1) is not None:
             pending.add(m.group(1))
@@ -1060,7 +1060,7 @@ def _restarting(run: Run, mark: int) -> set[str]:
 
 
 def launcher_sigint(run: Run, start_step: int) -> tuple[Row, int | None]:
-    """SIGINT to `asyncvla train`: exit 0 within the grace period, a final checkpoint, every rank's
+    """SIGINT to `asyncvla train`: exit 130 within the grace period, a final checkpoint, every rank's
     final accounting balanced and covering every trained column, no process left. Returns the
     row and the final checkpoint's step (which --resume must continue from)."""
     row = Row("launcher SIGINT", tried=1)
@@ -1075,7 +1075,7 @@ def launcher_sigint(run: Run, start_step: int) -> tuple[Row, int | None]:
     text = run.text()
     final = re.search(r"final checkpoint (\S+?);", text)
     step = int(TAG_RE.match(Path(final.group(1)).name).group(1)) if final else None
-    if code != 0:
+    if code != 130:                         # stopped, not finished
         row.problems.append(f"exit code {code}")
     if step is None or not (run.dir / "checkpoints" / f"step_{step:08d}" / "COMPLETE.json").exists():
         row.problems.append("no complete final checkpoint named")

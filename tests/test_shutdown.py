@@ -2,7 +2,7 @@
 evaluator over loopback.
 
 * Ctrl-C (SIGINT to the launcher): the learner finishes its update, writes a final checkpoint
-  (with no periodic one configured), tells the actor, and the launcher exits with 0 well within
+  (with no periodic one configured), tells the actor, and the launcher exits with 130 well within
   the grace period, naming the checkpoint; `--resume RUN` continues from it.
 * a learner still running after --stop-grace-s is killed with the whole run.
 * SIGKILL to the launcher: within 5 s no process of the run is left — the deepspeed runner and
@@ -13,6 +13,7 @@ evaluator over loopback.
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -67,7 +68,7 @@ def test_ctrl_c_saves_a_final_checkpoint_and_the_run_resumes_from_it(tmp_path):
         stop(train)
         kill_left(procs)
     out = log.read_text()
-    assert code == 0, out[-4000:]
+    assert code == 130, out[-4000:]                              # stopped by Ctrl-C, not finished
     assert took < STOP_GRACE_S, (took, out[-4000:])
     assert "stop requested: ending at step" in out               # the learner stopped at a boundary ...
     assert "finished training" in out                            # ... and told the actor
@@ -136,6 +137,73 @@ def test_a_learner_still_busy_after_the_grace_period_is_killed(tmp_path):
     assert "the learner still running after 0.1 s: killing the run" in out, out[-4000:]
     assert took < 10, took
     assert not alive(procs), alive(procs)
+
+
+def test_a_stopped_actor_is_restarted_a_killed_evaluator_too_and_a_starving_learner_says_so(tmp_path):
+    """An actor that exits while the learner trains (here SIGTERM: exit 143, not the 0 of the
+    learner's "shutdown") is restarted; meanwhile the learner, fed by nobody, names the actor it
+    last heard from; an evaluator killed with SIGKILL is reported and restarted once; a Ctrl-C then
+    ends the run with 130."""
+    run, log = tmp_path / "restart", tmp_path / "train.log"
+    train = start(train_cmd(*run_overrides(tmp_path, "restart", "learner.starvation_timeout_s=1")), log)
+    procs = {}
+    try:
+        wait_for(trained(run, 1), 240, "an update", [train])
+        procs = tree(train.pid)
+        actor = next(p for p, (_, m) in procs.items() if m == "asyncvla.launch.cli")
+        evaluator = next(p for p, (_, m) in procs.items() if m == "asyncvla.actors.evaluator")
+        os.kill(actor, signal.SIGTERM)
+        wait_for(lambda: "actor 0 exited with 143 (SIGTERM); restart 1/5" in log.read_text(), 120,
+                 "the actor's restart", [train])
+        wait_for(lambda: re.search(r"rank 0: no segment for \d+ s .*last heard from local-0", log.read_text()),
+                 120, "the learner's starvation line", [train])
+        os.kill(evaluator, signal.SIGKILL)
+        wait_for(lambda: "the evaluator exited with -9 (SIGKILL); restarting it (1/1)" in log.read_text(), 60,
+                 "the evaluator's restart", [train])
+        done = max(scalars(run, "rollout/version").values())
+        wait_for(trained(run, done + 2), 240, "two more updates from the restarted actor", [train])
+        procs = tree(train.pid)
+        train.send_signal(signal.SIGINT)
+        code = train.wait(timeout=STOP_GRACE_S + 30)
+    finally:
+        stop(train)
+        kill_left(procs)
+    out = log.read_text()
+    assert code == 130, out[-4000:]
+    assert re.search(r"asyncvla: stopped by SIGINT at update \d+; final checkpoint", out), out[-3000:]
+    assert "Traceback" not in out, out[-4000:]
+
+
+def test_ctrl_c_during_start_up_ends_the_run_with_130_and_one_line(tmp_path):
+    """A learner rank that is still importing is not sent the stop it would die of: it gets it once
+    its handler is in place, and the run ends as any stopped run does, before its first update.
+    A learner with no actor at all says so while it waits."""
+    lines = {}
+    for name, ready in (("start-up", lambda procs: any(m == "asyncvla.learner.main" for _, m in procs.values())),
+                        ("starving", None)):
+        run, log = tmp_path / name, tmp_path / f"{name}.log"
+        overrides = run_overrides(tmp_path, name, "launch.num_local_actors=0", "eval.eval_interval=0",
+                                  "learner.starvation_timeout_s=1")
+        train = start(train_cmd(*overrides), log)
+        procs = {}
+        try:
+            if ready is not None:                         # Ctrl-C as soon as a rank process exists
+                wait_for(lambda: ready(tree(train.pid)), 120, "a learner rank process", [train])
+            else:
+                wait_for(lambda: "no actor has sent one yet" in log.read_text(), 240, "the starvation line", [train])
+            procs = tree(train.pid)
+            train.send_signal(signal.SIGINT)
+            code = train.wait(timeout=STOP_GRACE_S + 30)
+        finally:
+            stop(train)
+            kill_left(procs)
+        out = log.read_text()
+        assert code == 130, (name, out[-4000:])
+        assert "Traceback" not in out, (name, out[-4000:])
+        lines[name] = [ln for ln in out.splitlines() if ln.startswith("asyncvla: stopped by")]
+        assert not alive(procs), alive(procs)
+    for name, got in lines.items():
+        assert got == ["asyncvla: stopped by SIGINT before the first update: no checkpoint to resume from"], (name, got)
 
 
 # ------------------------------------------------------------------- the mechanisms, bare

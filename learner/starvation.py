@@ -1,0 +1,57 @@
+"""A learner with no data says so: one line per interval while no segment arrives.
+
+An actor that stops sending (it hung, was stopped, lost its network, or every actor refuses the
+weights it is served) leaves the learner waiting in `Inbox.fill` without a word. This watch,
+called from the inbox's watchdog, logs once per `learner.starvation_timeout_s` of silence, naming
+the actors this rank last heard from and how long ago, and on rank 0 how many are registered.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from asyncvla.common.sockets import printable
+
+log = logging.getLogger("asyncvla.learner")
+MAX_NAMED = 5                  # actors named in one line (the most recently heard first)
+
+
+class StarvationWatch:
+    def __init__(self, timeout_s: float, rank: int, registry=None, clock=time.monotonic):
+        """`timeout_s` 0 turns the watch off; `registry()` (rank 0) gives the control server's
+        counts (`alive`: actors registered now)."""
+        self.timeout_s, self.rank, self.registry, self.clock = timeout_s, rank, registry, clock
+        self.last_segment = self.next_line = clock()
+        self.heard: dict[str, float] = {}        # actor id -> when its last segment arrived
+        self.next_line += timeout_s
+        self.lines = 0                           # lines logged (for tests)
+
+    def fed(self, actor_id: str) -> None:
+        now = self.clock()
+        self.heard.pop(actor_id, None)           # (re-inserted last: the dict stays oldest-first)
+        self.heard[actor_id] = self.last_segment = now
+        self.next_line = now + self.timeout_s
+
+    def check(self) -> str | None:
+        """Log and return the line when one is due, else None."""
+        now = self.clock()
+        if not self.timeout_s or now < self.next_line:
+            return None
+        self.next_line = now + self.timeout_s
+        line = self.describe(now)
+        log.warning("%s", line)
+        self.lines += 1
+        return line
+
+    def describe(self, now: float) -> str:
+        silent = now - self.last_segment
+        if self.heard:
+            recent = list(self.heard.items())[::-1][:MAX_NAMED]
+            heard = "last heard from " + ", ".join(f"{printable(a)} ({now - t:.0f} s ago)" for a, t in recent)
+            heard += f" and {len(self.heard) - MAX_NAMED} more" if len(self.heard) > MAX_NAMED else ""
+        else:
+            heard = "no actor has sent one yet"
+        registered = "" if self.registry is None else f"; {self.registry()['alive']} actor(s) registered"
+        return (f"rank {self.rank}: no segment for {silent:.0f} s (learner.starvation_timeout_s="
+                f"{self.timeout_s:g}); {heard}{registered}; training waits for data")

@@ -1,0 +1,82 @@
+"""The learner's starvation watch (learner/starvation.py) on a fake clock, and the launcher's
+account of how a child ended (launch/train.py exit_reason, common/signals.py catches)."""
+
+import signal
+import subprocess
+import sys
+import time
+
+from asyncvla.common.signals import catches
+from asyncvla.launch.train import exit_reason
+from asyncvla.learner.starvation import StarvationWatch
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_one_line_per_interval_of_silence_naming_the_actors_last_heard_from():
+    clock = Clock()
+    watch = StarvationWatch(60.0, rank=0, registry=lambda: {"alive": 1}, clock=clock)
+    clock.t += 59
+    assert watch.check() is None                          # not yet silent for the timeout
+    clock.t += 2
+    line = watch.check()
+    assert "rank 0: no segment for 61 s" in line and "no actor has sent one yet" in line
+    assert "1 actor(s) registered" in line
+    assert watch.check() is None                          # one line per interval, not per call
+    watch.fed("local-0")
+    clock.t += 10
+    watch.fed("local-1")
+    clock.t += 30
+    assert watch.check() is None                          # a segment restarts the interval
+    clock.t += 31
+    line = watch.check()
+    assert "no segment for 61 s" in line
+    assert line.index("local-1 (61 s ago)") < line.index("local-0 (71 s ago)")   # the newest first
+    clock.t += 60
+    assert "no segment for 121 s" in watch.check()
+    assert watch.lines == 3
+
+
+def test_a_watch_with_timeout_zero_never_speaks_and_names_at_most_five_actors():
+    clock = Clock()
+    off = StarvationWatch(0.0, rank=1, clock=clock)
+    clock.t += 1e6
+    assert off.check() is None
+    watch = StarvationWatch(5.0, rank=1, clock=clock)
+    for i in range(8):
+        watch.fed(f"a{i}")
+    clock.t += 6
+    line = watch.check()
+    assert "a7" in line and "a3" in line and "a2" not in line and "and 3 more" in line
+    assert "registered" not in line                       # ranks > 0 have no registry
+
+
+def test_exit_reasons_name_the_signal():
+    assert exit_reason(1) == "exited with 1"
+    assert exit_reason(143) == "exited with 143 (SIGTERM)"
+    assert exit_reason(130) == "exited with 130 (SIGINT)"
+    assert exit_reason(-9) == "exited with -9 (SIGKILL)"
+
+
+def test_catches_tells_a_process_with_a_handler_from_one_still_starting():
+    code = ("import signal, sys, time; time.sleep(float(sys.argv[1])); "
+            "signal.signal(signal.SIGTERM, lambda *a: None); print('ready', flush=True); time.sleep(60)")
+    bare = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    handled = subprocess.Popen([sys.executable, "-c", code, "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert handled.stdout.readline().strip() == "ready"
+        assert catches(handled.pid, signal.SIGTERM)
+        assert not catches(handled.pid, signal.SIGUSR1)
+        time.sleep(0.5)                                   # (the bare one is surely past exec by now)
+        assert not catches(bare.pid, signal.SIGTERM)
+        assert not catches(2 ** 22 + 12345, signal.SIGTERM)   # no such process
+    finally:
+        for p in (bare, handled):
+            p.kill()
+            p.wait()
