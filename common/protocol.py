@@ -58,6 +58,10 @@ MAX_DEPTH = 16
 # array whose other dims overflow its index type ([2**62, 2**62, 0]).
 MAX_ELEMENTS = 1 << 40
 REQUEST_MAX_BYTES = 64 << 10        # a request to a server (hello, heartbeat, get_weights, ...)
+# The longest episode (env steps) a segment may report when the receiver does not know the env's
+# time limit (SegmentSpec.max_episode_steps unset): far beyond any task's, yet a length that keeps
+# the episode metrics readable.
+MAX_EPISODE_STEPS = 1 << 24
 
 SEGMENT, WEIGHTS = "segment", "weights"
 # Control messages: required meta keys and their types (extra keys are refused).
@@ -415,7 +419,8 @@ class SegmentSpec:
     """The dims a receiver expects (H = W = image_size, L, N = K*D, K, S), and optional bounds:
     num_steps (exact T), max_steps, max_envs, vocab_size (token ids must be below it),
     first_action_id (action tokens must be at least it: the action ids are the vocabulary's last
-    ones), max_abs_reward (|reward| must not exceed it)."""
+    ones), max_abs_reward (|reward| must not exceed it), max_episode_steps (the env's episode
+    limit: a reported episode length must lie in [1, it]; unset: MAX_EPISODE_STEPS)."""
     image_size: int
     instruction_len: int
     num_tokens: int
@@ -428,6 +433,7 @@ class SegmentSpec:
     vocab_size: int | None = None
     first_action_id: int | None = None
     max_abs_reward: float | None = None
+    max_episode_steps: int | None = None
 
     def fields(self) -> dict[str, Field]:
         """The expected arrays: name -> Field."""
@@ -588,14 +594,13 @@ def _check_segment_values(msg: Message, spec: SegmentSpec, dims: dict, group_che
                 raise ValidationError(reason, f"'{bad}' {what}")
     if arrays["behavior_logp"].size and arrays["behavior_logp"].max() > 1e-3:
         raise ValidationError("bad_values", "'behavior_logp' holds positive log-probabilities")
-    if arrays["ep_length"].size and arrays["ep_length"].min() < 0:
-        raise ValidationError("bad_values", "'ep_length' is negative")
     if spec.vocab_size is not None and arrays["action_tokens"].size:
         low = spec.first_action_id or 0
         # shifted and seen as uint64, an id below `low` is huge: one max() checks both ends
         shifted = arrays["action_tokens"] - low if low else arrays["action_tokens"]
         if shifted.view(np.uint64).max() >= spec.vocab_size - low:
             raise ValidationError("bad_token", f"'action_tokens' has ids outside [{low}, {spec.vocab_size})")
+    _check_episodes(arrays, spec)
     rewards = arrays["rewards"]
     if spec.max_abs_reward is not None and rewards.size:
         largest = max(float(rewards.max()), -float(rewards.min()))
@@ -627,6 +632,30 @@ def _check_counters(meta: dict, dims: dict, spec: SegmentSpec) -> None:
     if dims["E"] > T * B:
         raise ValidationError("bad_counter", f"{dims['E']} episodes ended in T={T} steps of B={B} envs "
                                              f"(at most {T * B})")
+
+
+def _check_episodes(arrays: dict, spec: SegmentSpec) -> None:
+    """Stats of the episodes that ended, which the learner averages into env/*: each length in
+    [1, the env's episode limit], each |return| within length x max_abs_reward (no step's reward
+    exceeds it, and an episode has at most one reward per env step). One absurd episode would
+    otherwise own the metric for an update."""
+    lengths, returns = arrays["ep_length"], arrays["ep_return"]
+    if not lengths.size:
+        return
+    limit = spec.max_episode_steps or MAX_EPISODE_STEPS
+    if lengths.min() < 1 or lengths.max() > limit:
+        bad = int(lengths.min() if lengths.min() < 1 else lengths.max())
+        source = "env.max_episode_steps" if spec.max_episode_steps else "MAX_EPISODE_STEPS"
+        raise ValidationError("bad_counter", f"'ep_length' holds {bad}, outside [1, {limit}] ({source})")
+    if spec.max_abs_reward is not None:
+        # (float32 rounds a return that sits on the bound: a hair of slack)
+        most = lengths.astype(np.float64) * spec.max_abs_reward * (1 + 1e-6)
+        over = np.flatnonzero(np.abs(returns.astype(np.float64)) > most)
+        if over.size:
+            i = over[0]
+            raise ValidationError("bad_reward", f"'ep_return' holds {float(returns[i]):.3g} for an episode of "
+                                                f"{int(lengths[i])} steps; at most {int(lengths[i])} x "
+                                                f"{spec.max_abs_reward} (learner.max_abs_reward)")
 
 
 def all_finite(a: np.ndarray) -> bool:

@@ -12,13 +12,16 @@ The lag rule: a column made by policy version v is used by an update at version 
 dropped segment is counted by reason.
 
 Duplicates: a segment whose (actor, seq) this rank already took (a replay) is dropped and
-counted as "duplicate" (`SeenSegments`: bounded memory per actor).
+counted as "duplicate" (`SeenSegments`: bounded memory per actor). One whose seq runs more than
+MAX_SEQ_JUMP past its stream's highest is a lying counter: dropped as invalid "bad_counter",
+and the stream keeps its place (else every later segment would look like a replay).
 
 Accounting (`Inbox.accounting`): each segment a rank acked ends in exactly one place, so that
     acked = trained + dropped (invalid by reason, stale, future_version, duplicate) + buffered
-holds at every moment. A segment counts as trained once its last column went into a batch; one
-partly trained when the lag rule drops its remaining columns counts as dropped "stale" (its
-trained columns are in the column figures, which balance too: added = trained + dropped + buffered).
+holds at every moment (invalid: the receiver's refusals and the inbox's bad counters). A segment
+counts as trained once its last column went into a batch; one partly trained when the lag rule
+drops its remaining columns counts as dropped "stale" (its trained columns are in the column
+figures, which balance too: added = trained + dropped + buffered).
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ import numpy as np
 
 from asyncvla.common.protocol import FINAL_FIELDS, TIME_MAJOR_FIELDS
 from asyncvla.common.sockets import DropLog
+
+# How far a stream's seq may run past its highest in one segment. An actor counts up by one per
+# segment, and those lost on the way are few; a seq of 2**63 - 1 would end the stream (every later
+# one below it, a "replay") and count 9e18 gaps.
+MAX_SEQ_JUMP = 1 << 20
 
 
 @dataclass
@@ -135,12 +143,15 @@ class SeenSegments:
     heard from least recently is forgotten first).
 
     An actor's segments reach a rank in order over one connection, so one that comes `window` or
-    more below the highest is a replay, as is a repeat. `gaps` counts seqs skipped in a stream
-    and not filled later (segments lost on the way, or dropped by the actor's backpressure);
-    it means that only when one rank takes all of each actor's segments (`count_gaps`)."""
+    more below the highest is a replay, as is a repeat; one more than `max_jump` above it is a
+    lying counter. A stream's first segment sets its place at any seq (a learner that restarted
+    joins mid-stream). `gaps` counts seqs skipped in a stream and not filled later (segments lost
+    on the way, or dropped by the actor's backpressure); it means that only when one rank takes
+    all of each actor's segments (`count_gaps`)."""
 
-    def __init__(self, window: int = 64, max_streams: int = 1024, count_gaps: bool = True):
-        self.window, self.max_streams, self.count_gaps = window, max_streams, count_gaps
+    def __init__(self, window: int = 64, max_streams: int = 1024, count_gaps: bool = True,
+                 max_jump: int = MAX_SEQ_JUMP):
+        self.window, self.max_streams, self.count_gaps, self.max_jump = window, max_streams, count_gaps, max_jump
         self._streams: OrderedDict = OrderedDict()      # stream -> [highest seq, seqs taken near it, first]
         self.gaps = 0
 
@@ -149,29 +160,33 @@ class SeenSegments:
         """Seqs remembered, over all streams (at most max_streams x 2 window)."""
         return sum(len(entry[1]) for entry in self._streams.values())
 
-    def first_time(self, stream, seq: int) -> bool:
-        """Record (stream, seq); False when it was taken before or is too old to tell."""
+    def admit(self, stream, seq: int) -> str | None:
+        """Record (stream, seq) and return None, or return why it must be dropped without
+        recording it: "duplicate" (taken before, or too old to tell) or "bad_counter" (more than
+        max_jump past the stream's highest)."""
         entry = self._streams.get(stream)
         if entry is None:
             if len(self._streams) >= self.max_streams:
                 self._streams.popitem(last=False)
-            self._streams[stream] = [seq, {seq}, seq]  # (a learner that restarted joins mid-stream)
-            return True
+            self._streams[stream] = [seq, {seq}, seq]
+            return None
         self._streams.move_to_end(stream)
         highest, recent, first = entry
+        if seq > highest + self.max_jump:
+            return "bad_counter"
         if seq > highest:
             self.gaps += (seq - highest - 1) * self.count_gaps
             entry[0] = seq
             recent.add(seq)
             if len(recent) > 2 * self.window:           # (pruned in bulk: O(1) per segment)
                 entry[1] = {s for s in recent if s > seq - self.window}
-            return True
+            return None
         if seq <= highest - self.window or seq in recent:
-            return False
+            return "duplicate"
         recent.add(seq)
         if seq > first:
             self.gaps -= self.count_gaps               # a late one fills a gap counted before
-        return True
+        return None
 
 
 def stream_of(meta: dict) -> tuple:
@@ -186,8 +201,9 @@ class Inbox:
     received segment goes to `on_segment(segment, lag)` (metrics). `drops` counts dropped
     segments by reason: stale, future_version (made by a learner run this one never was, e.g.
     before a restart), duplicate (taken before: `SeenSegments`) and invalid (refused by the
-    receiver's checks). `seq_gaps`: segments missing from the actors' sequences (see
-    `SeenSegments`; counted only with `count_gaps`, i.e. when this is the only rank).
+    receiver's checks, or a seq beyond MAX_SEQ_JUMP: `bad_counter`). `seq_gaps`: segments
+    missing from the actors' sequences (see `SeenSegments`; counted only with `count_gaps`, i.e.
+    when this is the only rank).
 
     `watchdog()` (optional) is called on entry and at least every 200 ms while waiting: it raises
     when something the learner needs has died (rank 0's server threads), so a learner whose
@@ -203,6 +219,7 @@ class Inbox:
         self.seen = SeenSegments(count_gaps=count_gaps)
         self._drop_log = DropLog("learner inbox", noun="segment(s) dropped")
         self._stale = self._future = self._duplicate = 0
+        self._invalid: Counter = Counter()     # refused here (the receiver counts its own)
         self._width = 1                  # columns (envs) per segment, as the last one had
 
     def fill(self, n: int, version: int, stop) -> bool:
@@ -218,10 +235,9 @@ class Inbox:
             need = -(-(n - self.buffer.columns) // self._width)
             for seg in self.receiver.recv_many(need, timeout_ms=200):
                 self._width = seg.meta["num_envs"]
-                if not self.seen.first_time(stream_of(seg.meta), seg.meta["seq"]):
-                    self._duplicate += 1
-                    self._drop_log("duplicate", f"segment seq {seg.meta['seq']} of actor "
-                                                f"{seg.meta['actor_id'][:40]!r} was taken before")
+                why = self.seen.admit(stream_of(seg.meta), seg.meta["seq"])
+                if why is not None:
+                    self._count(why, seg.meta)
                     continue
                 made_by = int(seg.meta["policy_version"])
                 lag = version - made_by
@@ -234,13 +250,23 @@ class Inbox:
                     if self.on_segment is not None:
                         self.on_segment(seg, lag)
 
+    def _count(self, why: str, meta: dict) -> None:
+        seq, actor = meta["seq"], f"{meta['actor_id'][:40]!r}"
+        if why == "duplicate":
+            self._duplicate += 1
+            self._drop_log(why, f"segment seq {seq} of actor {actor} was taken before")
+        else:
+            self._invalid[why] += 1
+            self._drop_log(why, f"segment seq {seq} of actor {actor} runs more than {self.seen.max_jump} "
+                                "past the highest seq of its stream")
+
     def take(self, n: int) -> Batch:
         return self.buffer.take(n)
 
     @property
     def drops(self) -> dict[str, int]:
         """Dropped segments so far, by reason (running totals)."""
-        invalid = sum(self.receiver.stats.get("invalid", {}).values())
+        invalid = sum(self.receiver.stats.get("invalid", {}).values()) + sum(self._invalid.values())
         return {"stale": self._stale + self.buffer.dropped["stale"], "future_version": self._future,
                 "duplicate": self._duplicate, "invalid": invalid}
 
@@ -254,9 +280,10 @@ class Inbox:
         by the receiver's reasons), still buffered; the columns of the buffered segments; and
         seq_gaps (segments that never came: outside the balance)."""
         stats = self.receiver.stats
-        invalid = {str(k): int(v) for k, v in stats.get("invalid", {}).items()}
+        refused = {str(k): int(v) for k, v in stats.get("invalid", {}).items()}     # never "received"
+        invalid = dict(Counter(refused) + self._invalid)
         dropped = {**self.drops, "invalid": sum(invalid.values())}
-        acked = int(stats.get("received", 0)) + dropped["invalid"]
+        acked = int(stats.get("received", 0)) + sum(refused.values())
         buf = self.buffer
         out = {"acked": acked, "trained": buf.trained, "dropped": dropped, "invalid": invalid,
                "buffered": buf.segments, "seq_gaps": self.seq_gaps,

@@ -101,9 +101,10 @@ class Metrics:
         c["lag_sum"] += lag
         c["lag_max"] = max(c["lag_max"], lag)
         c["episodes"] += len(a["ep_return"])
-        c["return_sum"] += float(a["ep_return"].sum())
-        c["length_sum"] += float(a["ep_length"].sum())
-        c["success_sum"] += float(a["ep_success"].sum())
+        # float64 sums: a float32 one overflows to inf, an int64 one wraps round to a plausible value
+        c["return_sum"] += float(a["ep_return"].sum(dtype=np.float64))
+        c["length_sum"] += float(a["ep_length"].sum(dtype=np.float64))
+        c["success_sum"] += float(a["ep_success"].sum(dtype=np.float64))
         c["env_steps"] += int(segment.meta["env_steps"])
         self.actors.add(segment.meta["actor_id"])
 

@@ -6,6 +6,7 @@ plan the learner sends each actor in its welcome, and the segment spec it valida
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from asyncvla.common import protocol as P
@@ -14,7 +15,8 @@ from asyncvla.common.config import Config, TransportConfig
 from asyncvla.common.control import ControlServer, LearnerClient
 from asyncvla.common.sockets import ThreadDied
 from asyncvla.common.weight_channel import WeightServer, WeightSubscriber
-from asyncvla.learner.ingest import ColumnBuffer, Inbox, SeenSegments, rollout_plan
+from asyncvla.learner.ingest import MAX_SEQ_JUMP, ColumnBuffer, Inbox, SeenSegments, rollout_plan
+from asyncvla.learner.metrics import Metrics
 from tests.test_protocol import LIMITS, make_segment, make_spec
 
 SPEC = make_spec(T=2, B=4, H=8, L=4, K=2, D=2)
@@ -88,20 +90,59 @@ def test_a_replayed_segment_trains_once_and_a_lying_counter_is_dropped(link):
     assert acc["seq_gaps"] == 2                            # seqs 1 and 2 of the first actor
 
 
+def test_a_seq_far_past_the_highest_is_dropped_and_the_stream_goes_on(link):
+    """seq = 2**63 - 1 in a stream that started used to be taken: every later segment of the
+    actor then looked like a replay, and seq_gaps read 9e18. It is dropped as bad_counter,
+    inside the balance, and the stream takes its next seq."""
+    receiver, sender = link
+    used = []
+    inbox = Inbox(receiver, max_policy_lag=4, on_segment=lambda seg, lag: used.append(seg.meta["seq"]))
+    for seq in (0, (1 << 63) - 1, 1, 2 + MAX_SEQ_JUMP, 2):
+        send(sender, version=0, seq=seq)
+    assert inbox.fill(12, version=0, stop=threading.Event())
+    assert receiver.recv(timeout_ms=1000) is None
+    acc = inbox.accounting()
+    assert used == [0, 1, 2] and acc["seq_gaps"] == 0
+    assert acc["invalid"] == {"bad_counter": 2} and acc["dropped"]["invalid"] == 2 == inbox.drops["invalid"]
+    assert acc["acked"] == 5 and acc["balanced"], acc
+
+
+def test_seen_segments_refuse_a_jump_without_moving_the_stream():
+    seen = SeenSegments(max_jump=100)
+    assert seen.admit("a", 10**12) is None                  # a first segment: any seq (a learner restarted)
+    assert seen.admit("a", 10**12 + 101) == "bad_counter"
+    assert seen.admit("a", 10**12 + 100) is None and seen.gaps == 99
+    assert seen.admit("b", 0) is None and seen.admit("b", (1 << 63) - 1) == "bad_counter"
+    assert seen.admit("b", 1) is None and seen.admit("b", 1) == "duplicate"
+    assert seen.gaps == 99
+
+
+def test_episode_metric_sums_are_float64():
+    """Episode stats summed in their own dtypes: lengths of 2**62 wrap an int64 sum round to a
+    plausible value, returns at float32's maximum overflow a float32 sum to inf."""
+    metrics = Metrics(None, progress_total=1, show_progress=False)
+    seg = make_segment(SPEC, B=4, episodes=4)
+    seg.arrays["ep_length"][:] = 1 << 62
+    seg.arrays["ep_return"][:] = np.finfo(np.float32).max
+    metrics.add_segment(seg, lag=0)
+    assert metrics.counts["length_sum"] == 4.0 * 2**62
+    assert metrics.counts["return_sum"] == 4.0 * float(np.finfo(np.float32).max)
+
+
 def test_seen_segments_bounded_per_actor_and_in_actors():
     seen = SeenSegments(window=8, max_streams=2)
-    assert all([seen.first_time("a", s) for s in range(0, 100, 2)])    # every other seq
+    assert all(seen.admit("a", s) is None for s in range(0, 100, 2))    # every other seq
     assert seen.gaps == 49
-    assert seen.first_time("a", 97) and seen.gaps == 48     # late, within the window: fills a gap
-    assert not seen.first_time("a", 97) and not seen.first_time("a", 98)
-    assert not seen.first_time("a", 50)                     # far below the highest: only a replay
+    assert seen.admit("a", 97) is None and seen.gaps == 48  # late, within the window: fills a gap
+    assert seen.admit("a", 97) == seen.admit("a", 98) == "duplicate"
+    assert seen.admit("a", 50) == "duplicate"               # far below the highest: only a replay
     for s in range(100, 10_000):
-        seen.first_time("a", s)
+        seen.admit("a", s)
     assert seen.held <= 2 * 8
-    assert seen.first_time("b", 0) and seen.first_time("c", 0)    # a third stream: "a" is forgotten
-    assert seen.first_time("a", 9_999) and seen.held <= 2 * 2 * 8
+    assert seen.admit("b", 0) is None and seen.admit("c", 0) is None    # a third stream: "a" is forgotten
+    assert seen.admit("a", 9_999) is None and seen.held <= 2 * 2 * 8
     quiet = SeenSegments(count_gaps=False)                  # several ranks: each sees a share only
-    assert quiet.first_time("x", 0) and quiet.first_time("x", 5)
+    assert quiet.admit("x", 0) is None and quiet.admit("x", 5) is None
     assert quiet.gaps == 0
 
 

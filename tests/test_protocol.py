@@ -266,7 +266,9 @@ CASES = {
     "negative token": (_set_array("instruction", lambda a: a.__setitem__((0, 0, 0), -1)), "bad_token"),
     "final_index off a truncation": (_set_array("truncated", lambda a: a.__setitem__(slice(None), 0)),
                                      "bad_values"),
-    "negative episode length": (_set_array("ep_length", lambda a: a.__setitem__(0, -3)), "bad_values"),
+    "negative episode length": (_set_array("ep_length", lambda a: a.__setitem__(0, -3)), "bad_counter"),
+    "empty episode": (_set_array("ep_length", lambda a: a.__setitem__(0, 0)), "bad_counter"),
+    "episode length 2**62": (_set_array("ep_length", lambda a: a.__setitem__(0, 1 << 62)), "bad_counter"),
     # SMALL: T=4 policy steps x K=2 env steps x B=2 envs; the unmutated segment claims all 16
     "env_steps int64 max": (_set_meta("env_steps", (1 << 63) - 1), "bad_counter"),
     "env_steps one beyond the arrays": (_set_meta("env_steps", 4 * 2 * 2 + 1), "bad_counter"),
@@ -394,6 +396,34 @@ def test_action_tokens_in_the_action_range_and_rewards_bounded():
         with pytest.raises(ValidationError) as err:
             P.decode_segment(P.encode_segment(bad), spec, LIMITS)
         assert err.value.reason == reason, (name, value, str(err.value))
+
+
+def test_episode_stats_within_the_env_limit_and_the_reward_bound():
+    """Each ended episode lasts 1..max_episode_steps env steps and returns at most its length x
+    max_abs_reward in size: one absurd episode would own the env/* metrics of an update."""
+    spec = SegmentSpec(**{**SMALL.__dict__, "max_abs_reward": 2.0, "max_episode_steps": 50})
+    seg = make_segment(spec, B=2, truncations=1, episodes=2)
+    seg.arrays["ep_length"][:] = [1, 50]                             # both bounds: fine
+    seg.arrays["ep_return"][:] = [-2.0, 100.0]                       # 1 x 2 and 50 x 2: fine
+    P.decode_segment(P.encode_segment(seg), spec, LIMITS)
+    f32_max = float(np.finfo(np.float32).max)
+    cases = [("ep_length", 51, "bad_counter"), ("ep_length", 0, "bad_counter"),
+             ("ep_length", 1 << 62, "bad_counter"),
+             ("ep_return", f32_max, "bad_reward"), ("ep_return", -2.5, "bad_reward"),
+             ("ep_return", np.inf, "not_finite")]
+    for name, value, reason in cases:
+        arrays = {k: v.copy() for k, v in seg.arrays.items()}
+        arrays[name][0] = value
+        with pytest.raises(ValidationError) as err:
+            P.decode_segment(P.encode_segment(P.Segment(seg.meta, arrays)), spec, LIMITS)
+        assert err.value.reason == reason, (name, value, str(err.value))
+    unbounded = SegmentSpec(**{**SMALL.__dict__})                     # the env's limit unknown here
+    arrays = {k: v.copy() for k, v in seg.arrays.items()}
+    arrays["ep_length"][0], arrays["ep_return"][0] = P.MAX_EPISODE_STEPS, f32_max
+    P.decode_segment(P.encode_segment(P.Segment(seg.meta, arrays)), unbounded, LIMITS)
+    arrays["ep_length"][0] = P.MAX_EPISODE_STEPS + 1
+    with pytest.raises(ValidationError, match="bad_counter"):
+        P.decode_segment(P.encode_segment(P.Segment(seg.meta, arrays)), unbounded, LIMITS)
 
 
 def test_bool_arrays_must_hold_0_or_1():
