@@ -11,11 +11,12 @@
                                                                 the actor answers bye)
 
 The learner's ControlServer keeps a `Registry` of live actors (joins, leaves, time-outs), each
-bound to the CURVE key it joined with; the token in the welcome admits the actor to the other
-requests and channels (common/auth.py). The actor's LearnerClient re-sends hello with back-off
-when the learner goes silent for heartbeat_timeout_s and rejoins when it is back (a restarted
-learner has new ROUTER identities and an empty registry; its "rejoin" answer to a heartbeat makes
-the actor say hello again). Until the first welcome it warns every so often, with what to check.
+held by the connection it joined on until that connection is gone, and bound to the CURVE key it
+joined with; the token in the welcome admits the actor to the other requests and channels
+(common/auth.py). The actor's LearnerClient re-sends hello with back-off when the learner goes
+silent for heartbeat_timeout_s and rejoins when it is back (a restarted learner has new ROUTER
+identities and an empty registry; its "rejoin" answer to a heartbeat makes the actor say hello
+again). Until the first welcome it warns every so often, with what to check.
 """
 
 from __future__ import annotations
@@ -69,22 +70,31 @@ class ActorInfo:
 
 class Registry:
     """Live actors by id, and the totals the learner logs. Invariant:
-    joined_total == alive + left_total + timed_out_total + replaced_total."""
+    joined_total == alive + left_total + timed_out_total + replaced_total.
 
-    def __init__(self):
+    A live id is held by one connection (its ZeroMQ peer identity): only that connection speaks
+    for it (hello, heartbeat, bye), or another once `connected(holder)` says the holder's is gone
+    (the server probes its socket). Host and pid are what a sender claims: kept for the logs,
+    they never decide. With CURVE the id also stays with the key that registered it."""
+
+    def __init__(self, connected: Callable[[bytes], bool]):
+        self.connected = connected
         self.actors: dict[str, ActorInfo] = {}
         self.joined_total = self.left_total = self.timed_out_total = self.replaced_total = 0
 
     def hello(self, actor_id: str, host: str, pid: int, identity: bytes, now: float, key: str = "") -> str:
-        """'joined', 'refreshed' (the same process said hello again), 'replaced' (a new process
-        took over a live id, e.g. a restarted actor before its predecessor timed out) or 'taken'
-        (the id is live under another CURVE key: nothing changes)."""
+        """'joined'; 'refreshed' (the holding connection said hello again); 'replaced' (a new
+        connection took over a live id whose holder is gone, e.g. an actor restarted before its
+        predecessor timed out, or one that reconnected); or, changing nothing, 'taken' (the id is
+        live under another CURVE key) or 'held' (by another connection, still connected)."""
         old = self.actors.get(actor_id)
         if old is not None and old.key != key:
             return "taken"
-        if old is not None and (old.host, old.pid) == (host, pid):
-            old.identity, old.last_seen = identity, now
+        if old is not None and old.identity == identity:
+            old.last_seen = now
             return "refreshed"
+        if old is not None and self.connected(old.identity):
+            return "held"
         self.actors[actor_id] = ActorInfo(actor_id, host, pid, identity, now, now, key)
         self.joined_total += 1
         if old is not None:
@@ -93,17 +103,25 @@ class Registry:
         return "joined"
 
     def heartbeat(self, actor_id: str, identity: bytes, now: float) -> bool:
+        """Whether `identity` speaks for the live id (it holds it, or takes it over from a holder
+        that is gone: ZeroMQ reconnected the actor's socket); False for an unknown id too."""
         info = self.actors.get(actor_id)
-        if info is None:
+        if info is None or not self._may_speak(info, identity):
             return False
         info.identity, info.last_seen = identity, now
         return True
 
-    def bye(self, actor_id: str) -> bool:
-        if self.actors.pop(actor_id, None) is None:
+    def bye(self, actor_id: str, identity: bytes) -> bool:
+        """Whether the id left: only a connection that may speak for it takes it away."""
+        info = self.actors.get(actor_id)
+        if info is None or not self._may_speak(info, identity):
             return False
+        del self.actors[actor_id]
         self.left_total += 1
         return True
+
+    def _may_speak(self, info: ActorInfo, identity: bytes) -> bool:
+        return info.identity == identity or not self.connected(info.identity)
 
     def expire(self, now: float, timeout_s: float) -> list[ActorInfo]:
         gone = [a for a in self.actors.values() if now - a.last_seen > timeout_s]
@@ -155,7 +173,9 @@ class ControlServer:
     adds the heartbeat settings and the actor's token, signed with `auth_key` (default: this
     node's, common/auth.py). With `policy_dir`, registered actors that cannot read policy.path
     fetch that directory's files once. Requests that fail the token or key check are refused
-    and counted in stats["invalid"] ("unregistered", "wrong_key").
+    and counted in stats["invalid"] ("unregistered", "wrong_key"); a hello, heartbeat or bye for
+    a live id from a connection other than the one holding it, while that one is connected, too
+    ("id_taken": see `Registry`).
     `check()` raises ThreadDied if the serving thread died (the learner polls it).
     """
 
@@ -176,7 +196,7 @@ class ControlServer:
             raise
         self.endpoint = advertised(tcfg, bound_endpoint(self._router))
         self._key = auth_key or self._node.token_key
-        self.registry = Registry()
+        self.registry = Registry(self._connected)
         self._events = EventLog()
         self._lock = threading.Lock()
         self._limits = Limits.for_kind("request", tcfg.max_message_mb)
@@ -221,9 +241,10 @@ class ControlServer:
             except ValidationError:
                 continue
             if msg.kind == "bye" and self._refusal(msg.meta, peer_key(frames[1])) is None:
-                actor_ids.discard(msg.meta["actor_id"])
                 with self._lock:
-                    self.registry.bye(msg.meta["actor_id"])
+                    left = self.registry.bye(msg.meta["actor_id"], frames[0].bytes)
+                if left:
+                    actor_ids.discard(msg.meta["actor_id"])
 
     # ------------------------------------------------------------------ server thread
     def _serve(self) -> None:
@@ -269,13 +290,20 @@ class ControlServer:
                                                           "first and present the welcome's token"}))
         elif msg.kind == "heartbeat":
             with self._lock:
-                self.registry.heartbeat(actor_id, peer, now)
-            self._send(peer, encode_control("heartbeat"))
+                holds = self.registry.heartbeat(actor_id, peer, now)
+            if holds:
+                self._send(peer, encode_control("heartbeat"))
+            else:
+                self._count("id_taken", f"heartbeat for actor {actor_id[:40]!r} from a connection that "
+                                        "does not hold it, while the holder is connected")
         elif msg.kind == "bye":
             with self._lock:
-                left = self.registry.bye(actor_id)
+                left = self.registry.bye(actor_id, peer)
             if left:
                 log.info("actor %s left", printable(actor_id))
+            elif known:
+                self._count("id_taken", f"bye for actor {actor_id[:40]!r} from a connection that does "
+                                        "not hold it, while the holder is connected")
         else:
             self._send(peer, self._policy_reply())
 
@@ -306,23 +334,17 @@ class ControlServer:
             self._send(peer, encode_control("error", {"message": message}))
             return
         with self._lock:
-            live = self.registry.actors.get(actor_id)
-        if (live is not None and live.key == user == "" and live.identity != peer
-                and (live.host, live.pid) != (hello["host"], hello["pid"]) and self._connected(live.identity)):
-            # Without keys anyone on the network may claim any id: a live id stays with the process
-            # still connected under it. A restarted actor's predecessor is gone: its connection
-            # closed when it died, so the restart takes the id at once.
-            self._count("id_taken", f"hello for actor {actor_id[:40]!r}, live in another process")
-            message = (f"actor_id {actor_id[:100]!r} is live in another process ({printable(live.host)} pid "
-                       f"{live.pid}); choose another --actor-id, or wait until that actor leaves")
-            self._send(peer, encode_control("error", {"message": message}))
-            return
-        with self._lock:
             what = self.registry.hello(actor_id, hello["host"], hello["pid"], peer, now, key=user)
-        if what == "taken":
-            self._count("wrong_key", f"hello for actor {actor_id[:40]!r}, live under another key")
-            message = (f"actor_id {actor_id[:100]!r} is registered by another CURVE key; choose another "
-                       "--actor-id, or wait until that actor leaves")
+        if what in ("taken", "held"):
+            # Without keys anyone on the network may claim any id, host and pid included: a live id
+            # stays with the connection that holds it. A restarted actor's predecessor is gone (its
+            # connection closed when it died), so the restart takes the id at once.
+            reason, holder = ("wrong_key", "registered by another CURVE key") if what == "taken" else \
+                ("id_taken", "live in another process")
+            self._count(reason, f"hello for actor {actor_id[:40]!r} ({holder}), claiming "
+                                f"{hello['host'][:40]} pid {hello['pid']}")
+            message = (f"actor_id {actor_id[:100]!r} is {holder}; choose another --actor-id, or wait "
+                       "until that actor leaves")
             self._send(peer, encode_control("error", {"message": message}))
             return
         if what != "refreshed":
@@ -505,6 +527,11 @@ class LearnerClient:
                 log.info("learner at %s finished training", self.endpoint)
                 self._send("bye", self._credentials())      # the learner waits for it
                 self.finished = True
+            elif msg.kind == "error" and not joined and self.joins:
+                # A refused hello on rejoining: e.g. a learner that has not yet seen our previous
+                # connection close still holds our id for it. The next hello (back-off) takes it.
+                log.warning("learner at %s refused to take us back (%s); saying hello again", self.endpoint,
+                            printable(msg.meta["message"]))
             elif msg.kind in ("policy_files", "error"):
                 self._on_reply(msg)
         if joined and not self.finished:

@@ -57,16 +57,23 @@ def registry_invariant(counts) -> bool:
 
 # ----------------------------------------------------------------------------- registry (pure)
 def test_registry_counts():
-    r = Registry()
+    live = {b"i1", b"i3"}                                             # connections still open
+    r = Registry(connected=lambda identity: identity in live)
     assert r.hello("a", "h", 1, b"i1", now=0.0) == "joined"
-    assert r.hello("a", "h", 1, b"i2", now=0.5) == "refreshed"        # same process, new connection
+    assert r.hello("a", "h", 1, b"i1", now=0.5) == "refreshed"        # its connection says hello again
+    assert r.hello("a", "h", 1, b"i2", now=0.5) == "held"             # its host and pid, another connection
     assert r.hello("b", "h", 2, b"i3", now=0.5) == "joined"
-    assert r.hello("b", "h", 3, b"i4", now=0.6) == "replaced"         # restarted before timing out
+    live.discard(b"i3")                                               # b died without bye
+    assert r.hello("b", "h", 3, b"i4", now=0.6) == "replaced"         # its restart takes the id at once
+    live.add(b"i4")
     assert r.hello("b", "h", 3, b"i9", now=0.6, key="K2") == "taken"  # live under another CURVE key
     assert r.actors["b"].identity == b"i4"
-    assert r.heartbeat("a", b"i5", now=2.0) and not r.heartbeat("zzz", b"i", now=2.0)
+    assert not r.heartbeat("a", b"i2", now=2.0) and not r.bye("a", b"i2")   # not a's connection
+    live.discard(b"i1")                                               # ZeroMQ reconnected a's socket
+    assert r.heartbeat("a", b"i5", now=2.0) and r.actors["a"].identity == b"i5"
+    assert not r.heartbeat("zzz", b"i5", now=2.0)
     assert [a.actor_id for a in r.expire(now=2.5, timeout_s=1.0)] == ["b"]
-    assert r.bye("a") and not r.bye("a")
+    assert r.bye("a", b"i5") and not r.bye("a", b"i5")
     assert r.counts() == {"alive": 0, "joined_total": 3, "left_total": 1, "timed_out_total": 1,
                           "replaced_total": 1}
     assert registry_invariant(r.counts())
@@ -180,6 +187,115 @@ def test_learner_client_drops_hostile_replies_and_joins():
         thread.join()
         assert joined[0]["trajectory_endpoints"] == ["tcp://127.0.0.1:2"] and client.token == "t"
         assert dict(client.stats["invalid"]) == {"too_deep": 1, "bad_welcome": 3}
+    finally:
+        client.close()
+        learner.close()
+        ctx.term()
+
+
+def ask(sock, kind: str, meta: dict, timeout_ms: int = 3000) -> P.Message | None:
+    """Send a control message from a bare DEALER; its answer, or None."""
+    sock.send_multipart(P.encode_control(kind, meta))
+    if not sock.poll(timeout_ms):
+        return None
+    return P.decode(sock.recv_multipart(), P.Limits.for_kind("control", 8))
+
+
+def test_a_live_id_stays_with_its_connection_whatever_host_and_pid_a_hello_claims(caplog):
+    """Without keys: a hello copying a live actor's id, host and pid from another connection is
+    refused and counted; with the actor's token (say, leaked), that connection's heartbeats and
+    byes change nothing either. The actor keeps its id and never has to rejoin."""
+    cfg = tcfg(heartbeat_timeout_s=30.0)        # nothing times out here: only connections decide
+    control = transport.ControlServer(cfg, welcome_fn_for(["tcp://127.0.0.1:2"]), endpoint="tcp://127.0.0.1:*")
+    actor = transport.LearnerClient(control.endpoint, "local-0", cfg)
+    ctx = zmq.Context()
+    impostor = ctx.socket(zmq.DEALER)
+    impostor.connect(control.endpoint)
+    try:
+        assert actor.join(timeout=10) is not None
+        live = control.registry.actors["local-0"]
+        identity, claims = live.identity, {"actor_id": "local-0", "host": live.host, "pid": live.pid,
+                                           "num_envs": 0}
+        with caplog.at_level(logging.WARNING, logger="asyncvla.transport"):
+            reply = ask(impostor, "hello", claims)
+        assert reply.kind == "error" and "live in another process" in reply.meta["message"], reply.meta
+        assert "token" not in reply.meta
+        assert any("id_taken" in r.getMessage() and "local-0" in r.getMessage() for r in caplog.records)
+        credentials = {"actor_id": "local-0", "token": actor.token}
+        assert ask(impostor, "heartbeat", credentials, timeout_ms=500) is None
+        assert ask(impostor, "bye", credentials, timeout_ms=500) is None
+        assert dict(control.stats["invalid"]) == {"id_taken": 3}
+        assert control.registry.actors["local-0"].identity == identity
+        assert control.counts() == {"alive": 1, "joined_total": 1, "left_total": 0, "timed_out_total": 0,
+                                    "replaced_total": 0}
+        assert actor.learner_alive and actor.rejoins == 0
+        actor.close()                                               # its own bye counts
+        assert wait_until(lambda: control.counts()["left_total"] == 1) and control.counts()["alive"] == 0
+    finally:
+        actor.close()
+        impostor.close(0)
+        ctx.term()
+        control.close(notify=False)
+
+
+def test_a_restarted_actor_takes_its_id_once_the_old_connection_closed(caplog):
+    """An actor that died without bye: its restart (same id, here the same host and pid too)
+    takes the id as soon as the learner has seen the old connection close, long before a
+    time-out would free it; the takeover is logged."""
+    cfg = tcfg(heartbeat_timeout_s=30.0)
+    control = transport.ControlServer(cfg, welcome_fn_for(["tcp://127.0.0.1:2"]), endpoint="tcp://127.0.0.1:*")
+    ctx = zmq.Context()
+    hello = {"actor_id": "a", "host": "h", "pid": 1, "num_envs": 0}
+    crashed, restarted = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    try:
+        crashed.connect(control.endpoint)
+        assert ask(crashed, "hello", hello).kind == "welcome"
+        crashed.close(0)                                            # no bye: the kernel closes it
+        restarted.connect(control.endpoint)
+        with caplog.at_level(logging.INFO, logger="asyncvla.transport"):
+            # (hellos until the learner's socket has seen the close: the id is not freed by time)
+            assert wait_until(lambda: (ask(restarted, "hello", hello, timeout_ms=1000) or P.Message("", {})).kind
+                              == "welcome", timeout=10)
+        counts = control.counts()
+        assert counts["replaced_total"] == 1 and counts["alive"] == 1 and counts["timed_out_total"] == 0
+        assert registry_invariant(counts)
+        assert any(r.getMessage() == "actor a replaced (h pid 1)" for r in caplog.records)
+    finally:
+        restarted.close(0)
+        ctx.term()
+        control.close(notify=False)
+
+
+def test_a_refused_hello_on_rejoining_is_retried():
+    """A learner that still holds the id for the actor's previous connection refuses its hello
+    after a reconnect; the client says hello again instead of failing for good."""
+    ctx = zmq.Context()
+    learner = ctx.socket(zmq.ROUTER)
+    learner.linger = 0
+    learner.bind("tcp://127.0.0.1:*")
+    welcome = {"config": {}, "trajectory_endpoints": ["tcp://127.0.0.1:2"], "weights_endpoint": "tcp://127.0.0.1:3",
+               "weight_version": 0, "policy": {"path": "/p"}, "rollout": {}, "token": "t"}
+    client = transport.LearnerClient(bound_endpoint(learner), "a", tcfg(heartbeat_timeout_s=30.0))
+
+    def answer_hello(reply):
+        while learner.poll(10_000):
+            peer, *frames = learner.recv_multipart()
+            if P.decode(frames, P.Limits.for_kind("request", 1)).kind == "hello":
+                learner.send_multipart([peer, *reply])
+                return peer
+        raise AssertionError("no hello")
+    try:
+        joined = []
+        thread = threading.Thread(target=lambda: joined.append(client.join(timeout=20)))
+        thread.start()
+        peer = answer_hello(P.encode_control("welcome", welcome))
+        thread.join()
+        assert joined[0] is not None
+        learner.send_multipart([peer, *P.encode_control("rejoin")])         # "who are you?"
+        answer_hello(P.encode_control("error", {"message": "actor_id 'a' is live in another process"}))
+        answer_hello(P.encode_control("welcome", {**welcome, "token": "t2"}))
+        assert wait_until(lambda: client.rejoins == 1)
+        assert client.token == "t2" and client.error is None
     finally:
         client.close()
         learner.close()
