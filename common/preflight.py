@@ -18,7 +18,8 @@ from asyncvla.common.config import Config
 
 def problems(cfg: Config, ports: bool = True) -> list[str]:
     from asyncvla.common import trackers
-    out = _pretrained(cfg.policy.pretrained_path) + _keys(cfg) + _actor_hosts(cfg) + trackers.problems(cfg)
+    out = _pretrained(cfg.policy.pretrained_path) + _resume(cfg) + _keys(cfg) + _actor_hosts(cfg) + \
+        trackers.problems(cfg)
     if ports:
         out += busy_ports(cfg)
     return out
@@ -51,6 +52,19 @@ def _pretrained(path: str | None) -> list[str]:
         return [f"{key}: holds a {model_type!r} model; supported: {', '.join(supported_model_types())} "
                 "(common/policy/families/) or a policy saved by asyncvla"]
     return []
+
+
+def _resume(cfg: Config) -> list[str]:
+    """checkpoint.resume: a complete checkpoint, trained with the policy shape this config sets (the
+    same check as the learner's when it loads it; finding and reading it needs no torch)."""
+    if not cfg.checkpoint.resume:
+        return []
+    from asyncvla.learner import checkpoint
+    try:
+        problem = checkpoint.check_resume_config(checkpoint.resolve(cfg.checkpoint.resume), cfg)
+    except checkpoint.CheckpointError as e:
+        problem = str(e)
+    return [f"checkpoint.resume={cfg.checkpoint.resume!r}: {problem}"] if problem else []
 
 
 def _actor_hosts(cfg: Config) -> list[str]:

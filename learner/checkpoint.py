@@ -24,25 +24,34 @@ client_state (step, version, env steps, EMA, config) is stored under one key of 
 file, so `load` hands it back without DeepSpeed's own keys; every rank's random generators under
 another, and `load` restores each rank's own. State files are read with torch.load(weights_only=True):
 a checkpoint that holds an arbitrary pickled object (which could run code when unpickled) is refused.
+
+A checkpoint is resumed only as it was trained: `load` refuses one whose weights, optimizer state
+or EMA weights hold NaN or inf (naming the file, and the newest earlier complete checkpoint), and
+one whose recorded config sets a FIXED_ON_RESUME key (the policy's shape and action interface)
+otherwise than the resumed run's. Finding a checkpoint and reading its recorded config need no
+torch (`recorded_config`), so `asyncvla train` checks a resume before any rank starts
+(common/preflight.py); torch is imported where tensors are read.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import json
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from asyncvla.common.config import ConfigError
+from asyncvla.common.config import ConfigError, to_dict
 
 log = logging.getLogger("asyncvla.learner")
 
@@ -59,6 +68,12 @@ SAFE_GLOBALS = frozenset({
     "deepspeed.runtime.zero.config.ZeroStageEnum", "deepspeed.utils.tensor_fragment.fragment_address",
     "numpy.core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype"})
 TAG_RE = re.compile(r"^step_(\d{8,})$")
+# Config keys a resumed run cannot change: they set the policy's parameter shapes or its action
+# interface, and a resumed run trains the checkpoint's policy (RUN/policy_init) whatever they say.
+FIXED_ON_RESUME = ("policy.backbone", "policy.image_size", "policy.action_dim", "policy.num_action_chunks",
+                   "policy.n_bins", "policy.action_low", "policy.action_high", "policy.action_head",
+                   "policy.max_instruction_tokens", "policy.state_dim", "policy.is_lora", "policy.lora_rank",
+                   "policy.lora_target_modules", "policy.value_head_hidden", "policy.value_encoder")
 
 
 class CheckpointError(ConfigError):
@@ -419,7 +434,11 @@ def _complete_tags(root: Path) -> list[Path]:
     """Complete tags, oldest first by save time: within a run that is step order, but a run resumed
     from an older tag saves lower steps later, and those are its newest."""
     done = [d for d in _tag_dirs(root) if check_complete(d) is None]
-    return sorted(done, key=lambda d: (read_marker(d).get("saved_at", 0.0), d.name))
+    return sorted(done, key=_save_order)
+
+
+def _save_order(tag_dir: Path) -> tuple:
+    return read_marker(tag_dir).get("saved_at", 0.0), tag_dir.name
 
 
 def _alternatives(root: Path) -> str:
@@ -428,37 +447,33 @@ def _alternatives(root: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------------ load
-def load(engine, ckpt_dir, load_optimizer: bool = True) -> dict:
+def load(engine, ckpt_dir, load_optimizer: bool = True, config=None) -> dict:
     """Restore weights, optimizer, LR schedule into a freshly built engine (a collective: all ranks)
     and each rank's random generators as they were at the save; return the client_state given to
-    `save`. Raises CheckpointError naming the problem (missing, incomplete or damaged checkpoint,
-    other world size or ZeRO stage)."""
+    `save`. Raises CheckpointError on every rank, naming the problem: a missing, incomplete or
+    damaged checkpoint, another world size or ZeRO stage, a FIXED_ON_RESUME key that `config` (the
+    resuming run's Config; None: not compared) sets otherwise, or NaN or inf in what was loaded."""
     import torch.distributed as dist
 
     problem, tag_dir = None, None
     try:
         tag_dir = resolve(ckpt_dir)
-        problem = _check_compatible(engine, tag_dir, dist.get_world_size())
+        problem = _check_compatible(engine, tag_dir, dist.get_world_size()) or \
+            (check_resume_config(tag_dir, config) if config is not None else None)
     except CheckpointError as e:
         problem = str(e)
-    # Every rank must take the same branch, or the ones that go on hang in load_checkpoint.
-    problems = [None] * dist.get_world_size()
-    dist.all_gather_object(problems, problem)
-    problem = next((p for p in problems if p), None)
-    if problem:
-        raise CheckpointError(problem)
+    _agree(problem)          # every rank takes the same branch, or the others hang in load_checkpoint
 
     try:
         path, state = engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name,
                                              load_optimizer_states=load_optimizer,
                                              load_lr_scheduler_states=load_optimizer)
     except Exception as e:
-        raise CheckpointError(f"checkpoint '{tag_dir}' could not be loaded: {type(e).__name__}: {e}") from e
-    if path is None or state is None:
-        raise CheckpointError(f"DeepSpeed found nothing to load in '{tag_dir}'")
-    if CLIENT_KEY not in state:
-        raise CheckpointError(f"checkpoint '{tag_dir}' holds no training state of this program "
-                              f"(key '{CLIENT_KEY}' missing)")
+        path, state = None, None
+        problem = f"checkpoint '{tag_dir}' could not be loaded: {type(e).__name__}: {e}"
+    else:
+        problem = _check_loaded(engine, tag_dir, path, state, load_optimizer)
+    _agree(problem)          # (each rank holds its own part of the weights and optimizer state)
     client = state[CLIENT_KEY]
     # Checkpoints written before RNG_KEY existed hold the learner's generators (rank 0's) in "rng".
     own = (state.get(RNG_KEY) or {}).get(dist.get_rank(), client.get("rng"))
@@ -468,24 +483,180 @@ def load(engine, ckpt_dir, load_optimizer: bool = True) -> dict:
     return client
 
 
+def _agree(problem: str | None) -> None:
+    """Raise CheckpointError on every rank when any rank has a problem (the first one's), so that
+    all take the same branch (a collective: all ranks call it)."""
+    import torch.distributed as dist
+
+    problems = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, problem)
+    problem = next((p for p in problems if p), None)
+    if problem:
+        raise CheckpointError(problem)
+
+
+def _check_loaded(engine, tag_dir: Path, path, state, optimizer: bool) -> str | None:
+    if path is None or state is None:
+        return f"DeepSpeed found nothing to load in '{tag_dir}'"
+    if CLIENT_KEY not in state:
+        return f"checkpoint '{tag_dir}' holds no training state of this program (key '{CLIENT_KEY}' missing)"
+    return _nonfinite(engine, state[CLIENT_KEY], tag_dir, optimizer)
+
+
+def _nonfinite(engine, client: dict, tag_dir: Path, optimizer: bool) -> str | None:
+    """None when what this rank loaded is free of NaN and inf (the check before every publish and
+    save): its part of the weights, of the optimizer state (with `optimizer`), and the EMA weights
+    its client_state holds. Else one line naming the tensor, the file it came from and the
+    checkpoint to resume instead."""
+    from asyncvla.learner.publish import local_trainable, nonfinite
+
+    states, shard = _state_files(engine, tag_dir)
+    ema = (client.get("ema") or {}).get("shadow") or {}
+    for what, named, name in (("weights", local_trainable(engine), shard),
+                              ("optimizer state", _optimizer_tensors(engine) if optimizer else (), shard),
+                              ("EMA weights", ema.items(), states)):
+        bad = nonfinite(named)
+        if bad is not None:
+            earlier = _earlier_complete(tag_dir)
+            instead = (f"resume from the newest earlier complete checkpoint instead: checkpoint.resume={earlier}"
+                       if earlier else "no earlier complete checkpoint is left to resume from")
+            return f"checkpoint '{tag_dir}' holds NaN or inf: {what} '{bad}' in {tag_dir / name}; {instead}"
+    return None
+
+
+def _state_files(engine, tag_dir: Path) -> tuple[str, str]:
+    """(this rank's model-states file, the file its weights and optimizer state load from: its ZeRO
+    shard where DeepSpeed writes one, else the same file)."""
+    root, tag = str(tag_dir.parent), tag_dir.name
+    states = Path(engine._get_ckpt_name(root, tag)).name
+    sharded = engine.zero_optimization() or engine.bfloat16_enabled()       # as DeepSpeed's load decides
+    return states, Path(engine._get_zero_ckpt_name(root, tag)).name if sharded else states
+
+
+def _optimizer_tensors(engine):
+    """(name, tensor) of this rank's optimizer state: each master tensor the optimizer inside
+    DeepSpeed's wrapper steps (under ZeRO this rank's flat partition of a param group; ZeRO-3 hands
+    them to its param groups only during a step) and its state (Adam's moments)."""
+    import torch
+
+    inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    for k, (master, state) in enumerate(inner.state.items()):
+        yield f"master tensor {k}", master
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                yield f"{key} of master tensor {k}", value
+
+
+def _earlier_complete(tag_dir: Path) -> Path | None:
+    """The newest complete checkpoint beside `tag_dir` saved before it, or None."""
+    return next((d for d in reversed(_complete_tags(tag_dir.parent)) if _save_order(d) < _save_order(tag_dir)),
+                None)
+
+
+def check_resume_config(tag_dir, config) -> str | None:
+    """None when `config` (a Config) sets every FIXED_ON_RESUME key as the config recorded in the
+    checkpoint at `tag_dir` (or none is recorded), else one line naming each key and both values."""
+    recorded = recorded_config(tag_dir)
+    changed = structural_changes(recorded, to_dict(config)) if recorded is not None else []
+    if not changed:
+        return None
+    return (f"checkpoint '{tag_dir}' was trained with {', '.join(changed)}; a resumed run trains the "
+            "checkpoint's policy, whose shape and action interface these keys set: resume with its values, "
+            "or start a new run (another logging.experiment_name)")
+
+
+def structural_changes(recorded: dict, config: dict) -> list[str]:
+    """'key=recorded (this config: value)' for each FIXED_ON_RESUME key that the config dict `config`
+    sets otherwise than `recorded` (both as `to_dict` gives them). Keys that `recorded` lacks (an
+    older version wrote it) are not compared."""
+    old, new = _flat(recorded), _flat(config)
+    return [f"{k}={old[k]!r} (this config: {new[k]!r})" for k in old
+            if _fixed_on_resume(k) and k in new and old[k] != new[k]]
+
+
+def _fixed_on_resume(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in FIXED_ON_RESUME)
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def recorded_config(ckpt_dir) -> dict | None:
+    """The config recorded in the client_state of a complete checkpoint (None: none recorded), read
+    without torch and without importing anything the file names: a state file is a zip whose
+    data.pkl holds its objects, and only plain containers and values are rebuilt from it (see
+    _Skeleton). Raises CheckpointError like `load`."""
+    path = _rank0_states(resolve(ckpt_dir))
+    try:
+        with zipfile.ZipFile(path) as z:
+            pkl = next(n for n in z.namelist() if n.endswith("/data.pkl"))      # <archive>/data.pkl
+            state = _Skeleton(io.BytesIO(z.read(pkl))).load()
+    except Exception as e:
+        raise CheckpointError(f"checkpoint file '{path}' could not be read: {_first_line(e)}") from None
+    client = state.get(CLIENT_KEY) if isinstance(state, dict) else None
+    config = client.get("config") if isinstance(client, dict) else None
+    return config if isinstance(config, dict) else None
+
+
+class _Stub:
+    """Stands in for every object a state file names (a tensor, a storage, DeepSpeed's classes):
+    made from anything, holding nothing."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state):
+        pass
+
+    def __setitem__(self, key, value):
+        pass
+
+    def append(self, item):
+        pass
+
+    def extend(self, items):
+        pass
+
+
+class _Skeleton(pickle.Unpickler):
+    """Rebuilds a pickle's plain containers and values; every global it names is a _Stub (nothing is
+    imported, so nothing runs) and every storage a tensor would read from disk is one too."""
+
+    def find_class(self, module, name):
+        return _Stub
+
+    def persistent_load(self, pid):
+        return _Stub()
+
+
 def read_client_state(ckpt_dir) -> dict:
     """The client_state of a complete checkpoint, read from rank 0's file without an engine
     (tensors on the CPU). Raises CheckpointError like `load`."""
     tag_dir = resolve(ckpt_dir)
-    files = sorted(tag_dir.glob("*mp_rank_00_model_states.pt"))
-    if not files:
-        raise CheckpointError(f"checkpoint '{tag_dir}' has no rank-0 model states file")
-    state = load_file(files[0])
+    state = load_file(_rank0_states(tag_dir))
     if CLIENT_KEY not in state:
         raise CheckpointError(f"checkpoint '{tag_dir}' holds no training state of this program "
                               f"(key '{CLIENT_KEY}' missing)")
     return state[CLIENT_KEY]
 
 
+def _rank0_states(tag_dir: Path) -> Path:
+    files = sorted(tag_dir.glob("*mp_rank_00_model_states.pt"))
+    if not files:
+        raise CheckpointError(f"checkpoint '{tag_dir}' has no rank-0 model states file")
+    return files[0]
+
+
 def load_file(path) -> dict:
     """One state file of a checkpoint, tensors on the CPU, read with weights_only=True: tensors,
     plain values and the few SAFE_GLOBALS only. Raises CheckpointError naming the file and what is
     wrong (an arbitrary pickled object is refused before anything is unpickled)."""
+    import torch
+
     try:
         with torch.serialization.safe_globals(check_pickle(path)):
             return torch.load(path, map_location="cpu", weights_only=True)
@@ -505,6 +676,8 @@ def check_pickle(path) -> list:
     or a CheckpointError if it names anything else: a checkpoint of this program never does, and
     unpickling it could run any code. Reads the pickle only, not the tensors; a file that is no
     torch file raises what torch raises."""
+    import torch
+
     named = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
     refused = sorted(named - SAFE_GLOBALS)
     if refused:
@@ -542,6 +715,8 @@ def _check_compatible(engine, tag_dir: Path, world: int) -> str | None:
 def rng_state() -> dict:
     """This process's random generators (python, numpy, torch, and CUDA when present), as tensors
     and plain values (so that torch.load(weights_only=True) reads them)."""
+    import torch
+
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     state = {"python": random.getstate(),
              "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)),
@@ -552,6 +727,8 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    import torch
+
     random.setstate(state["python"])
     kind, keys, *rest = state["numpy"]               # keys: a tensor, or older checkpoints' array
     np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))

@@ -16,7 +16,7 @@ an actor can `load_trainable_state_dict` them straight into its copy.
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -56,14 +56,26 @@ def gather_trainable(model, *, all_ranks: bool = False,
 
 
 def trainable_finite(model) -> bool:
-    """True when this rank's part of every trainable parameter is free of NaN and inf (under ZeRO-3
-    its partition, `ds_tensor`; otherwise the whole tensor). No collective."""
-    for p in unwrap(model).parameters():
+    """True when this rank's part of every trainable parameter is free of NaN and inf. No collective."""
+    return nonfinite(local_trainable(model)) is None
+
+
+def nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
+    """The name of the first tensor of `named` ((name, tensor) pairs) that holds NaN or inf, else
+    None. The one finite check of weights: before a publish or a save, and when a checkpoint loads."""
+    for name, t in named:
+        if not torch.isfinite(t).all():
+            return name
+    return None
+
+
+def local_trainable(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, this rank's part) of every trainable parameter: under ZeRO-3 its partition
+    (`ds_tensor`), otherwise the whole tensor."""
+    for name, p in unwrap(model).named_parameters():
         if p.requires_grad:
             local = getattr(p, "ds_tensor", None)
-            if not torch.isfinite(p.data if local is None else local).all():
-                return False
-    return True
+            yield name, p.data if local is None else local
 
 
 def unwrap(model) -> nn.Module:
@@ -179,7 +191,14 @@ class Publisher:
         return time.perf_counter() - t0
 
     def republish(self, version: int, step: int) -> float:
-        """Serve the EMA weights exactly as a checkpoint restored them (a resumed run; no gather)."""
+        """Serve the EMA weights exactly as a checkpoint restored them (a resumed run; no gather).
+        Non-finite ones raise ValueError instead (checkpoint.load refuses them first): an actor
+        would refuse them and wait, and the learner with it, for weights that never come."""
         if self.ema is not None and self.server is not None:
-            self.server.publish(version, {k: v.numpy() for k, v in self.ema.published().items()}, step)
+            published = self.ema.published()
+            bad = nonfinite(published.items())
+            if bad is not None:
+                raise ValueError(f"the restored EMA weights hold NaN or inf (tensor '{bad}'); version {version} "
+                                 "not served")
+            self.server.publish(version, {k: v.numpy() for k, v in published.items()}, step)
         return 0.0

@@ -173,6 +173,40 @@ def test_older_checkpoints_with_numpy_rng_state_still_load(tmp_path):
     assert (np.random.rand(3) == first).all()
 
 
+def test_the_recorded_config_is_read_without_unpickling_any_object(tmp_path):
+    """What `asyncvla train` reads before any rank starts: plain values only, never a named object."""
+    from asyncvla.common.config import Config
+
+    ran = tmp_path / "payload_ran"
+    client = {"config": {"policy": {"n_bins": 64, "action_low": [-1.0]}}, "ema": {"shadow": {"w": torch.ones(2)}},
+              "x": Payload(ran)}
+    tag = state_tag(tmp_path / "run" / "checkpoints", 3, {"zero_pp_rank_0_mp_rank_00_model_states.pt": {
+        ck.CLIENT_KEY: client, "param_shapes": [collections.OrderedDict(w=torch.Size([2]))]}})
+    assert ck.recorded_config(tmp_path / "run") == client["config"]
+    assert not ran.exists()
+    older = state_tag(tmp_path / "older", 3, {"mp_rank_00_model_states.pt": {ck.CLIENT_KEY: {"step": 3}}})
+    assert ck.recorded_config(older) is None and ck.check_resume_config(older, Config()) is None
+    (tag / "zero_pp_rank_0_mp_rank_00_model_states.pt").write_bytes(b"x" * tag.joinpath(
+        "zero_pp_rank_0_mp_rank_00_model_states.pt").stat().st_size)       # complete by size, not a zip
+    with pytest.raises(ck.CheckpointError, match="model_states.pt' could not be read: BadZipFile"):
+        ck.recorded_config(tag)
+
+
+def test_only_keys_that_shape_the_policy_must_match_on_resume():
+    from asyncvla.common.config import Config, to_dict
+
+    recorded, cfg = to_dict(Config()), Config()
+    width, rank = cfg.policy.backbone.text_hidden_size, cfg.policy.lora_rank
+    cfg.policy.backbone.text_hidden_size, cfg.policy.lora_rank = width * 2, rank + 1
+    cfg.learner.lr, cfg.policy.temperature, cfg.checkpoint.keep_last = 0.5, 0.5, 9       # free to change
+    assert ck.structural_changes(recorded, to_dict(cfg)) == [
+        f"policy.backbone.text_hidden_size={width} (this config: {width * 2})",
+        f"policy.lora_rank={rank} (this config: {rank + 1})"]
+    del recorded["policy"]["lora_rank"]                  # a config an older version recorded
+    assert len(ck.structural_changes(recorded, to_dict(cfg))) == 1
+    assert ck.structural_changes(to_dict(Config()), to_dict(Config())) == []
+
+
 def test_make_room_deletes_ahead_only_when_the_next_save_would_not_fit(tmp_path, monkeypatch):
     root = tmp_path / "checkpoints"
     for step in (1, 2, 3):

@@ -39,6 +39,45 @@ def test_pretrained_directory_problems_name_the_key(tmp_path):
         assert len(found) == 1 and "policy.pretrained_path=" in found[0] and words in found[0], found
 
 
+def recorded_run(tmp_path, cfg) -> Path:
+    """A run directory whose one complete checkpoint records `cfg` (as the learner's save does)."""
+    import torch
+
+    from asyncvla.common.config import to_dict
+    from asyncvla.learner import checkpoint as ck
+    from tests.test_checkpoint import state_tag
+
+    state = {ck.CLIENT_KEY: {"step": 2, "config": to_dict(cfg), "ema": {"shadow": {"w": torch.ones(2)}}}}
+    state_tag(tmp_path / "run" / "checkpoints", 2, {"zero_pp_rank_0_mp_rank_00_model_states.pt": state})
+    return tmp_path / "run"
+
+
+def test_a_resume_that_changes_the_policy_shape_is_refused_naming_both_values(tmp_path):
+    run = recorded_run(tmp_path, load_config(CONFIG))
+    width = load_config(CONFIG).policy.backbone.text_hidden_size
+    found = preflight.problems(load_config(CONFIG, [f"checkpoint.resume={run}",
+                                                    f"policy.backbone.text_hidden_size={width * 2}"]), ports=False)
+    assert len(found) == 1 and found[0].startswith(f"checkpoint.resume='{run}': checkpoint '{run}/checkpoints/"), found
+    assert f"policy.backbone.text_hidden_size={width} (this config: {width * 2})" in found[0], found
+    assert preflight.problems(load_config(CONFIG, [f"checkpoint.resume={run}", "learner.lr=0.5"]), ports=False) == []
+    found = preflight.problems(load_config(CONFIG, [f"checkpoint.resume={tmp_path / 'nope'}"]), ports=False)
+    assert len(found) == 1 and "checkpoint.resume=" in found[0] and "does not exist" in found[0], found
+
+
+def test_train_refuses_another_policy_shape_on_resume_before_any_rank_starts(tmp_path):
+    run = recorded_run(tmp_path, load_config(CONFIG))
+    r, took = cli("train", CONFIG, *run_port_overrides(), "--resume", str(run), "policy.n_bins=16")
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and err[0].startswith("asyncvla: cannot start: checkpoint.resume="), err
+    assert f"policy.n_bins={load_config(CONFIG).policy.n_bins} (this config: 16)" in err[0], err
+    assert not (run / "policy_init").exists() and not (run / "launch_config.yaml").exists()   # nothing started
+    check = "import sys; from asyncvla.common import preflight; from asyncvla.common.config import load_config; " \
+            f"preflight.problems(load_config({CONFIG!r}, ['checkpoint.resume={run}']), ports=False); " \
+            "print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", check], capture_output=True, text=True).stdout.strip() == "False"
+    print(f"refused in {took:.1f} s")
+
+
 def test_a_held_port_stops_train_before_any_rank_starts(tmp_path):
     overrides = run_port_overrides()
     port = int(next(o for o in overrides if o.startswith("transport.weights_port=")).split("=")[1])

@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from asyncvla.learner.publish import EmaPublisher, gather_trainable, publish_step, unwrap
+from asyncvla.learner.publish import (EmaPublisher, Publisher, gather_trainable, local_trainable, nonfinite,
+                                     publish_step, trainable_finite, unwrap)
 
 
 def snapshots(n, seed=0):
@@ -86,3 +87,39 @@ def test_publish_step_gathers_then_averages_with_timings():
     second, _ = publish_step(model, ema)
     assert torch.allclose(second["weight"], model.weight.detach() - 1.0)
     assert publish_step(model, None)[0] is None           # ranks without a publisher only gather
+
+
+def test_nonfinite_names_the_first_tensor_with_nan_or_inf():
+    assert nonfinite([("a", torch.ones(2))]) is None
+    assert nonfinite([("a", torch.ones(2)), ("b", torch.tensor([1.0, float("inf")])),
+                      ("c", torch.tensor([float("nan")]))]) == "b"
+    model = nn.Linear(2, 2)
+    model.bias.requires_grad_(False)
+    with torch.no_grad():
+        model.bias[0] = float("nan")
+    assert trainable_finite(model)                       # frozen weights are not trained nor published
+    with torch.no_grad():
+        model.weight[1, 0] = float("inf")
+    assert not trainable_finite(Wrapper(model)) and nonfinite(local_trainable(Wrapper(model))) == "weight"
+
+
+class Server:
+    """Stands in for the weight server: records what it is asked to serve."""
+
+    def __init__(self):
+        self.served = []
+
+    def publish(self, version, tensors, step):
+        self.served.append((version, step, sorted(tensors)))
+
+
+def test_republish_serves_the_restored_ema_weights_but_never_non_finite_ones():
+    ema = EmaPublisher(0.5)
+    ema.load_state_dict({"shadow": {"w": torch.ones(3), "b": torch.zeros(2)}, "updates": 4})
+    server = Server()
+    Publisher(ema, server).republish(7, 70)
+    assert server.served == [(7, 70, ["b", "w"])]
+    ema.shadow["w"][1] = float("nan")                    # as a checkpoint with one NaN in place restores it
+    with pytest.raises(ValueError, match=r"tensor 'w'.*version 8 not served"):
+        Publisher(ema, server).republish(8, 80)
+    assert len(server.served) == 1
