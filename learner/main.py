@@ -213,7 +213,7 @@ def _restore(engine, resume_from, cfg: Config, rank: int):
     if resume_from is None:
         return 0, 0, 0, ema
     try:
-        state = checkpoint.load(engine, resume_from)
+        state = checkpoint.load(engine, resume_from, config=cfg)
     except checkpoint.CheckpointError as e:
         raise SystemExit(f"asyncvla learner: {e}")
     if ema is not None:
@@ -315,7 +315,8 @@ def _micro_per_minibatch(cfg: Config, cols_per_rank: int) -> int:
 
 def _segment_spec(cfg: Config, tokenizer) -> SegmentSpec:
     """What this learner accepts: its shapes, action tokens among the tokenizer's action ids
-    (`update` indexes bins with them), rewards within learner.max_abs_reward."""
+    (`update` indexes bins with them), rewards within learner.max_abs_reward, episode lengths
+    within env.max_episode_steps."""
     p = cfg.policy
     return SegmentSpec(image_size=p.image_size, instruction_len=p.max_instruction_tokens,
                        num_tokens=p.num_action_chunks * p.action_dim, num_action_chunks=p.num_action_chunks,
@@ -323,7 +324,7 @@ def _segment_spec(cfg: Config, tokenizer) -> SegmentSpec:
                        action_level_rewards=cfg.algorithm.reward_type == "action_level",
                        num_steps=cfg.actor.rollout_length,
                        vocab_size=tokenizer.vocab_size, first_action_id=tokenizer.first_id,
-                       max_abs_reward=cfg.learner.max_abs_reward)
+                       max_abs_reward=cfg.learner.max_abs_reward, max_episode_steps=cfg.env.max_episode_steps)
 
 
 def _check_alive(servers) -> None:
