@@ -85,13 +85,13 @@ def tag_name(step: int) -> str:
 
 
 # ------------------------------------------------------------------------------------------ save
-def save(engine, run_dir, step: int, client_state: dict, keep_last: int = 3) -> Path | None:
+def save(engine, run_dir, step: int, client_state: dict, keep_last: int = 3, final: bool = False) -> Path | None:
     """Save a checkpoint of every rank (a collective: all ranks call it) and mark it complete.
 
     Returns the tag directory, complete on every rank; then all but the newest `keep_last` complete
     tags (and any incomplete leftovers) are deleted. Returns None on every rank when any rank could
     not write its part (disk full, permission, ...): the error is logged, the partial tag deleted,
-    and the caller goes on (the next save tries again).
+    and the caller goes on (the next save tries again; a `final` one ends the run non-zero).
     """
     import torch.distributed as dist
 
@@ -103,7 +103,7 @@ def save(engine, run_dir, step: int, client_state: dict, keep_last: int = 3) -> 
     setup = [_prepare(root, tag_dir, keep_last) if rank == 0 else None]
     dist.broadcast_object_list(setup, src=0)       # all go into DeepSpeed's collective save, or none
     if setup[0] is not None:
-        return _failed(tag_dir, rank, setup[0])
+        return _failed(tag_dir, rank, setup[0], final)
 
     errors: list[str] = []
     with _write_errors_kept(engine, errors):
@@ -125,7 +125,7 @@ def save(engine, run_dir, step: int, client_state: dict, keep_last: int = 3) -> 
         verdict[0] = _commit(engine, tag_dir, reports, step, world, keep_last)
     dist.broadcast_object_list(verdict, src=0)
     if verdict[0] is not None:
-        return _failed(tag_dir, rank, verdict[0])
+        return _failed(tag_dir, rank, verdict[0], final)
     log.info("checkpoint %s complete (%.2f s)", tag_dir, time.perf_counter() - t0)
     return tag_dir
 
@@ -165,14 +165,15 @@ def _commit(engine, tag_dir: Path, reports: list, step: int, world: int, keep_la
     return None
 
 
-def _failed(tag_dir: Path, rank: int, problem: str) -> None:
+def _failed(tag_dir: Path, rank: int, problem: str, final: bool) -> None:
     if rank == 0:
         latest = _complete_tags(tag_dir.parent)
         with contextlib.suppress(OSError):
             problem += f"; {shutil.disk_usage(tag_dir.parent).free / 1e9:.2f} GB free there"
-        log.error("checkpoint %s NOT saved (%s); deleted what was written (a periodic save: training goes on, "
-                  "the next save tries again); newest complete checkpoint: %s", tag_dir, problem,
-                  latest[-1].name if latest else "none")
+        what = ("the final save: the run ends non-zero" if final
+                else "a periodic save: training goes on, the next save tries again")
+        log.error("checkpoint %s NOT saved (%s); deleted what was written (%s); newest complete checkpoint: %s",
+                  tag_dir, problem, what, latest[-1].name if latest else "none")
     return None
 
 
@@ -435,6 +436,32 @@ def _complete_tags(root: Path) -> list[Path]:
     from an older tag saves lower steps later, and those are its newest."""
     done = [d for d in _tag_dirs(root) if check_complete(d) is None]
     return sorted(done, key=_save_order)
+
+
+def adopt(tag_dir) -> list[Path]:
+    """Make a checkpoint being resumed its run's newest (rank 0, before the run saves anything).
+    Resuming from an older checkpoint starts a new branch: the complete checkpoints saved after it
+    belong to the branch it leaves, and would otherwise stay "newest" until this run saves, so
+    that a stop before then would name them and `--resume RUN` continue them. They move to
+    checkpoints/abandoned/<time>/ (kept, not deleted), and the pointers name `tag_dir`. Returns
+    where they went."""
+    tag_dir = Path(tag_dir)
+    root = tag_dir.parent
+    later = [d for d in _complete_tags(root) if _save_order(d) > _save_order(tag_dir)]
+    if not later:
+        return []
+    folder = root / "abandoned" / time.strftime("%Y%m%d-%H%M%S")
+    folder.mkdir(parents=True, exist_ok=True)
+    moved = []
+    for d in later:
+        (d / MARKER).rename(d / f"{MARKER}.abandoned")   # first: half-moved, it must not look complete
+        target = folder / d.name
+        d.rename(target)
+        (target / f"{MARKER}.abandoned").rename(target / MARKER)
+        moved.append(target)
+    _write_atomic(root / POINTER, tag_dir.name)
+    _write_atomic(root / "latest", tag_dir.name)
+    return moved
 
 
 def _save_order(tag_dir: Path) -> tuple:

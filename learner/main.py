@@ -219,6 +219,9 @@ def _restore(engine, resume_from, cfg: Config, rank: int):
     if ema is not None:
         ema.load_state_dict(state["ema"])
     log.info("resumed from %s at step %d, version %d", resume_from, state["step"], state["version"])
+    if rank == 0:               # (this run is the resumed checkpoint's branch from now on)
+        for moved in checkpoint.adopt(resume_from):
+            log.info("checkpoint %s was saved after the one resumed from: moved to %s", moved.name, moved.parent)
     return state["step"], state["version"], state["env_steps"], ema
 
 
@@ -241,12 +244,12 @@ def _serve(cfg: Config, run_dir: Path, policy_dir: Path, endpoints: list, world:
 
 
 # --------------------------------------------------------------------------------- helpers
-def _save(engine, run_dir, step, version, env_steps, ema, cfg) -> Path | None:
+def _save(engine, run_dir, step, version, env_steps, ema, cfg, final: bool = False) -> Path | None:
     """The checkpoint's tag dir, or None when it failed (logged by save(), the same on every rank)."""
     # save() adds every rank's RNG state
     state = {"step": step, "version": version, "env_steps": env_steps,
              "config": to_dict(cfg), "ema": ema.state_dict() if ema is not None else None}
-    return checkpoint.save(engine, run_dir, step, state, keep_last=cfg.checkpoint.keep_last)
+    return checkpoint.save(engine, run_dir, step, state, keep_last=cfg.checkpoint.keep_last, final=final)
 
 
 def _write_end(run_dir, *record) -> None:
@@ -262,7 +265,7 @@ def _final_save(engine, batch, run_dir, step, version, env_steps, ema, cfg, devi
     unfit = _unfit(engine, batch, cfg, device)
     if unfit is not None:
         return f"update {step}: {unfit}; not saved", None
-    tag = _save(engine, run_dir, step, version, env_steps, ema, cfg)
+    tag = _save(engine, run_dir, step, version, env_steps, ema, cfg, final=True)
     if tag is None:
         return f"the final checkpoint (update {step}) could not be written (see the error above)", None
     return None, tag

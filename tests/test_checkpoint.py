@@ -64,6 +64,24 @@ def test_newest_save_wins_over_step_order(tmp_path):
     assert ck.find_latest(root) == t30                   # by save time, not by step
 
 
+def test_resuming_an_older_tag_makes_its_branch_the_run_s(tmp_path):
+    """Resumed from step 95 of a run that reached 104: the later tags move to abandoned/ (kept),
+    so the run's newest complete checkpoint is the one resumed from until the new branch saves;
+    resuming the newest tag moves nothing."""
+    root = tmp_path / "run" / "checkpoints"
+    t95, t100, t104 = (make_tag(root, s) for s in (95, 100, 104))
+    assert ck.find_latest(tmp_path / "run") == t104
+    moved = ck.adopt(t95)
+    assert [m.name for m in moved] == ["step_00000100", "step_00000104"]
+    assert all(m.parent.parent == root / "abandoned" and ck.check_complete(m) is None for m in moved)
+    assert not t100.exists() and not t104.exists()
+    assert ck.find_latest(tmp_path / "run") == t95
+    assert (root / "latest_complete").read_text() == (root / "latest").read_text() == "step_00000095"
+    assert ck.adopt(t95) == []
+    t100b = make_tag(root, 100)                          # the new branch saves: its tag is the newest
+    assert ck.find_latest(root) == t100b and ck.adopt(t100b) == []
+
+
 def test_a_crash_between_marker_and_pointer_resumes_the_newer_tag(tmp_path):
     root = tmp_path / "run" / "checkpoints"
     make_tag(root, 10)

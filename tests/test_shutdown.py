@@ -89,6 +89,26 @@ def test_ctrl_c_saves_a_final_checkpoint_and_the_run_resumes_from_it(tmp_path):
     assert f"at step {saved}, version {saved}" in out, out[-4000:]      # "resumed from ... at step N"
     assert latest_complete(run) == saved + 2
     assert max(scalars(run, "rollout/version").values()) == saved + 2
+    assert "asyncvla: finished by its budget at update" in out, out[-3000:]
+
+    # Resumed from the older tag and stopped before an update (no actor): that tag's branch is the
+    # run's; the launcher names it, never the abandoned branch's newer tag, which is kept aside.
+    older, newer = (run / "checkpoints" / f"step_{s:08d}" for s in (saved, saved + 2))
+    branch_log = tmp_path / "branch.log"
+    branch = start(train_cmd(*run_overrides(tmp_path, "stop", "launch.num_local_actors=0", "eval.eval_interval=0"),
+                             "--resume", str(older)), branch_log)
+    try:
+        wait_for(lambda: f"resumed from {older}" in branch_log.read_text(), 240, "the resume", [branch])
+        branch.send_signal(signal.SIGINT)
+        code = branch.wait(timeout=STOP_GRACE_S + 30)
+    finally:
+        stop(branch)
+    out = branch_log.read_text()
+    assert code == 130, out[-4000:]
+    assert f"asyncvla: stopped by SIGINT at update {saved}; final checkpoint {older}; it holds step {saved}" in out, \
+        out[-3000:]
+    assert str(newer) not in out and latest_complete(run) == saved and not newer.exists()
+    assert [p.name for p in (run / "checkpoints" / "abandoned").glob("*/step_*")] == [newer.name]
 
 
 def test_a_killed_launcher_leaves_no_process_behind(tmp_path):
