@@ -19,20 +19,36 @@ RSS), in the order run_suite runs them:
   hello flood      hellos with fresh actor ids (each registers an actor, who then times out)
   spoofing         heartbeats, byes, get_policy_files and get_weights for the live actors' ids
                    without their token
+  actor SIGTERM    exit 143, restarted by the launcher; while its id is free a bare peer takes it
+                   and lets it go, keeping the id's token
+  id hijack        from another connection: hellos under the live actors' ids claiming their host
+                   and pid, heartbeats and byes with local-0's token; each refused (id_taken)
+  lying segments   of the registered fuzz actor: seq = 2**63 - 1, ep_length = 2**62, ep_return =
+                   float32's largest; dropped as bad_counter / bad_reward, the stream unmoved
   disk full        ballast fills the checkpoints' tmpfs until a save fails; then it goes
   actor churn      SIGKILL a random local actor every `churn_every_s` for `churn_s`
+  starving         every actor stopped until the learner names the ones it last heard from
+  evaluator SIGKILL  reaped and restarted once by the launcher; the new one joins
   launcher SIGINT  exit 130 with a final checkpoint; --resume continues from its step
   learner SIGKILL  the ranks killed, every other time during a save (a tag without its marker),
                    else at a random moment; each time --resume continues from the newest complete
                    checkpoint
   launcher SIGKILL no process of the run left after 5 s
   escaping names   a fake learner serving policy files whose names try to leave the actor's folder
+  resumptions      of copies of the run holding two of its checkpoints: with another policy shape
+                   (exit 2, one line naming the key and both values); from the older one, then
+                   Ctrl-C (exit 130, the launcher names it, never the newer); from a newest one
+                   whose EMA holds a NaN (exit non-zero, one line naming the file and the older one)
+  start-up Ctrl-C  SIGINT while a learner rank is starting: exit 130, one line
+  careless         configs and disks, each a short run of its own: nan/inf values, learner.lr=1e6,
+                   a checkpoint folder that cannot be written, a final save that fails
 
-A Row's problems (the suite passes when every row has none): a learner or actor that died unless
-killed here, a traceback in a log, a run that stopped making progress (hang), an unauthorised
-action (a spoofed request answered as if from the actor, a registry change by one, weights or
-policy files served to a peer without a token, a file written outside the actor's folder), an
-accounting record where acked != trained + dropped + buffered, and learner RSS above the bound.
+A Row's problems (the suite passes when every row has none): a learner, actor or evaluator that
+died unless killed or sent SIGTERM here, a traceback in a log, an exit code other than promised, a
+run that stopped making progress (hang), an unauthorised action (a spoofed request answered as if
+from the actor, a registry change by one, weights or policy files served to a peer without a
+token, a file written outside the actor's folder), an accounting record where acked != trained +
+dropped + buffered, and learner RSS above the bound.
 The learner's accounting comes from RUN/accounting/rank_<r>.json (learner/metrics.py), written at
 each checkpoint (every `save_interval` updates here) and at the end.
 """
@@ -43,6 +59,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -67,10 +84,12 @@ from tests.wire import header_of
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "configs" / "pixel_task.yaml")
 LEARNER_MODULE = "asyncvla.learner.main"
+EVALUATOR_MODULE = "asyncvla.actors.evaluator"
 BATCH = 4                    # learner.batch_trajectories: one segment of 4 envs per update and rank
 SAVE_INTERVAL = 5
 STOP_GRACE_S = 60.0
 PROGRESS_S = 120.0           # a run that saves no new checkpoint for this long hangs
+STARVING_S = 3.0             # learner.starvation_timeout_s: short, so that starving costs seconds
 TAG_RE = re.compile(r"^step_(\d{8,})$")
 
 
@@ -81,6 +100,7 @@ class Sizes:
     hellos: int = 2_000
     spoofs: int = 400            # of each kind (heartbeat, bye, get_policy_files, get_weights)
     valid_segments: int = 20     # of the trajectory fuzz: valid segments of a registered fuzz actor
+    lies: int = 5                # rounds of segments lying about their seq and episode stats (4 each)
     churn_s: float = 30.0
     churn_every_s: float = 10.0
     learner_kills: int = 1       # the 1st, 3rd, ... during a save, the others at random moments
@@ -91,7 +111,7 @@ class Sizes:
 
 
 QUICK = Sizes()
-FULL = Sizes(hellos=10_000, spoofs=2_500, valid_segments=200, churn_s=180.0, learner_kills=4, ranks=2)
+FULL = Sizes(hellos=10_000, spoofs=2_500, valid_segments=200, lies=50, churn_s=180.0, learner_kills=4, ranks=2)
 
 
 # ---------------------------------------------------------------------------------- the table
@@ -108,6 +128,7 @@ class Accounts:
     balanced: bool               # every rank's acked == trained + dropped + buffered
     nonfinite_steps: int = 0     # optimizer steps skipped as non-finite (the ranks agree: the most of any)
     saves_failed: int = 0        # checkpoints that could not be written (likewise)
+    seq_gaps: int = 0            # segments missing from the actors' sequences (outside the balance)
     records: list = field(default_factory=list, repr=False)
 
     @classmethod
@@ -124,7 +145,8 @@ class Accounts:
                    columns_trained=sum(r["columns"]["trained"] for r in records),
                    balanced=all(_balanced(r) for r in records),
                    nonfinite_steps=max(r.get("nonfinite_steps", 0) for r in records),
-                   saves_failed=max(r.get("checkpoint_failures", 0) for r in records), records=records)
+                   saves_failed=max(r.get("checkpoint_failures", 0) for r in records),
+                   seq_gaps=sum(r.get("seq_gaps", 0) for r in records), records=records)
 
     def minus(self, before: "Accounts | None") -> "Accounts":
         """What changed since `before` (the same learner processes), else all of it."""
@@ -135,7 +157,7 @@ class Accounts:
                         self.buffered - before.buffered, sub(self.dropped, before.dropped),
                         sub(self.invalid, before.invalid), self.columns_trained - before.columns_trained,
                         self.balanced and before.balanced, self.nonfinite_steps - before.nonfinite_steps,
-                        self.saves_failed - before.saves_failed, self.records)
+                        self.saves_failed - before.saves_failed, self.seq_gaps - before.seq_gaps, self.records)
 
     @property
     def dropped_total(self) -> int:
@@ -178,7 +200,7 @@ class Row:
                 "accounts": None if a is None else {
                     "acked": a.acked, "trained": a.trained, "buffered": a.buffered, "dropped": a.dropped,
                     "invalid": a.invalid, "balanced": a.balanced, "nonfinite_steps": a.nonfinite_steps,
-                    "saves_failed": a.saves_failed}}
+                    "saves_failed": a.saves_failed, "seq_gaps": a.seq_gaps}}
 
 
 def print_table(rows: list[Row], title: str = "") -> None:
@@ -214,7 +236,8 @@ def print_table(rows: list[Row], title: str = "") -> None:
 def suite_overrides(out: Path, name: str, ports: dict, sizes: Sizes) -> list[str]:
     """A small, fast run that would go on for hours: 1 segment of 4 envs x 4 steps per update
     and rank, a checkpoint every SAVE_INTERVAL updates (only the newest kept, so that a full disk
-    fails a save: see checkpoint.make_room), an evaluator that joins and idles."""
+    fails a save: see checkpoint.make_room), an evaluator that joins and idles, a learner that
+    says within STARVING_S when no segment comes."""
     return [f"logging.output_dir={out}", f"logging.experiment_name={name}", "logging.progress=false",
             "learner.max_steps=1000000", f"learner.batch_trajectories={BATCH * sizes.ranks}",
             "learner.micro_batch_size=16", "actor.num_envs=4", "actor.rollout_length=4",
@@ -222,23 +245,24 @@ def suite_overrides(out: Path, name: str, ports: dict, sizes: Sizes) -> list[str
             f"checkpoint.save_interval={SAVE_INTERVAL}", "checkpoint.keep_last=1",
             f"launch.num_local_actors={sizes.actors}", f"launch.num_learner_ranks={sizes.ranks}",
             "launch.max_actor_restarts=100000", "eval.eval_interval=1000000", "eval.num_episodes=2",
-            "transport.max_message_mb=8",
+            "transport.max_message_mb=8", f"learner.starvation_timeout_s={STARVING_S:g}",
             *(f"{k}={v}" for k, v in ports.items())]
 
 
 class Run:
-    """One `asyncvla train` (or `--resume`) in its own session, its output in `log`. A watcher
-    thread records every process below the launcher (so that none escapes the end-of-run checks)
-    and each learner rank's RSS."""
+    """One `asyncvla train` (or `--resume`: of this run, or of the checkpoint `resume` names) in its
+    own session, its output in `log`. A watcher thread records every process below the launcher
+    (so that none escapes the end-of-run checks) and each learner rank's RSS."""
 
-    def __init__(self, out: Path, name: str, overrides: list[str], ports: dict, ranks: int, resume: bool = False,
-                 label: str = ""):
+    def __init__(self, out: Path, name: str, overrides: list[str], ports: dict, ranks: int,
+                 resume: bool | Path = False, label: str = ""):
         self.dir, self.ranks, self.ports = out / name, ranks, ports
         self.dir.mkdir(parents=True, exist_ok=True)
         self.log = out / f"{name}-{label or 'train'}.log"
+        self.sigterms = 0                        # actors sent SIGTERM here (each exits 143)
         cmd = [sys.executable, "-m", "asyncvla.launch.cli", "train", CONFIG, *overrides]
         if resume:
-            cmd += ["--resume", str(self.dir)]
+            cmd += ["--resume", str(self.dir if resume is True else resume)]
         self.proc = start(cmd, self.log)
         self.procs: dict[int, tuple] = {}        # pid -> (start time, module, cmdline)
         self.rss: list[tuple[float, int, int]] = []   # (time, learner pid, RSS bytes)
@@ -268,9 +292,15 @@ class Run:
     def actors(self) -> list[int]:
         return [p for p, v in self.alive().items() if v[1] == "asyncvla.launch.cli" and " actor " in v[2]]
 
+    def actor(self, index: int) -> int | None:
+        return next((p for p in self.actors() if f" --actor-id local-{index} " in self.procs[p][2] + " "), None)
+
+    def evaluators(self) -> list[int]:
+        return [p for p, v in self.alive().items() if v[1] == EVALUATOR_MODULE]
+
     def evaluator_ids(self) -> list[str]:
         host = socket.gethostname()
-        return [f"evaluator-{host}-{p}" for p, v in self.alive().items() if v[1] == "asyncvla.actors.evaluator"]
+        return [f"evaluator-{host}-{p}" for p in self.evaluators()]
 
     def close(self) -> None:
         """Stop whatever is left of the run (SIGKILL to every process seen)."""
@@ -329,12 +359,15 @@ class Run:
         return max(values) / 2**20 if values else None
 
     def crashes(self) -> list[str]:
-        """Tracebacks in the log, and local actors that exited other than by our SIGKILL or 0."""
+        """Tracebacks in the log, and local actors or evaluators that exited other than by our
+        SIGKILL, by the SIGTERMs sent here (143 each) or with 0."""
         text = self.text()
         out = [f"{n} traceback(s) in {self.log.name}" for n in [text.count("Traceback (most recent call last)")] if n]
-        for i, code in re.findall(r"asyncvla: actor (\d+) exited with (-?\d+)", text):
-            if int(code) != -signal.SIGKILL:
-                out.append(f"actor {i} exited with {code}")
+        terms = 0
+        for who, code in re.findall(r"asyncvla: (actor \d+|the evaluator) exited with (-?\d+)", text):
+            terms += int(code) == 128 + signal.SIGTERM
+            if int(code) != -signal.SIGKILL and not (int(code) == 128 + signal.SIGTERM and terms <= self.sigterms):
+                out.append(f"{who} exited with {code}")
         return out
 
 
@@ -601,10 +634,10 @@ class SegmentMaker:
                                   first_action_id=self.first, max_abs_reward=cfg["learner"]["max_abs_reward"])
         self.vocab, self.token, self._make = vocab, token, make_segment
 
-    def segment(self, rng, version: int, B: int | None = None, seq: int = 0) -> P.Segment:
+    def segment(self, rng, version: int, B: int | None = None, seq: int = 0, episodes: int | None = None) -> P.Segment:
         B = B or int(rng.integers(1, 5))
         seg = self._make(self.spec, B=B, seq=seq, actor_id="fuzz-actor", truncations=int(rng.integers(0, 2)),
-                         episodes=int(rng.integers(0, 3)), rng=rng)
+                         episodes=int(rng.integers(0, 3)) if episodes is None else episodes, rng=rng)
         seg.arrays["action_tokens"] = seg.arrays["action_tokens"] % (self.vocab - self.first) + self.first
         seg.meta.update(policy_version=max(0, version), token=self.token)
         return seg
@@ -802,6 +835,66 @@ def _liveness(run: Run) -> list[str]:
     return []
 
 
+LIES = ("seq 2**63-1", "ep_length 2**62", "ep_return float32 max")
+
+
+def lying_segments(run: Run, maker: SegmentMaker, rounds: int, rng, first_seq: int) -> Row:
+    """Segments of the registered fuzz actor, valid but for one counter they lie about, `rounds`
+    times each: seq = 2**63 - 1 (a stream that took it would drop its next seqs as replays, and
+    count 2**63 missing), an ended episode of 2**62 steps, one with a return of float32's largest
+    value (either would own the episode metrics of an update). Each round: a valid segment, the
+    three lies, the next valid one (seqs from `first_seq`, where the trajectory fuzz left the
+    stream). Problems: the lies not dropped exactly as bad_counter (seq, length) and bad_reward
+    (return), a duplicate (the stream moved), more seq gaps than the two lies with a seq of their
+    own per round leave."""
+    row = Row("lying episode stats and seq")
+    probe = VersionProbe(run, maker.token)
+    before, t0 = run.accounts(), time.time()
+    peer = Peer(endpoints(run)["trajectory"])
+    sent: dict[str, int] = {}
+    try:
+        probe.refresh()
+        _send_all(peer, _lies(maker, rounds, rng, probe, first_seq), sent, probe, t0 + PROGRESS_S)
+        _wait_acks(peer, sum(sent.values()), t0 + PROGRESS_S)
+    finally:
+        peer.close()
+        probe.close()
+    row.seconds, row.tried = time.time() - t0, rounds * len(LIES)
+    row.accounts = a = run.accounts(newer_than=run.step()).minus(before)
+    row.rss_mb = run.rss_mb(t0)
+    want = {"bad_counter": 2 * rounds, "bad_reward": rounds}
+    if a.invalid != want:
+        row.problems.append(f"invalid {a.invalid}, expected {want}")
+    if a.dropped.get("duplicate"):
+        row.problems.append(f"{a.dropped['duplicate']} duplicate(s): a lying seq moved the stream")
+    if a.seq_gaps > 2 * rounds + 2:         # (+2: the fuzz may have left the stream a seq or two back)
+        row.problems.append(f"{a.seq_gaps} seq gaps counted, at most {2 * rounds + 2} expected")
+    row.problems += _liveness(run)
+    row.outcome = (f"{', '.join(LIES)}: {rounds} each, among {sent.get('valid', 0)} valid; bad_counter "
+                   f"{a.invalid.get('bad_counter', 0)}, bad_reward {a.invalid.get('bad_reward', 0)}, "
+                   f"duplicate {a.dropped.get('duplicate', 0)}; seq gaps {a.seq_gaps}")
+    row.detail = {"sent": sent, "invalid": a.invalid, "seq_gaps": a.seq_gaps}
+    return row
+
+
+def _lies(maker: SegmentMaker, rounds: int, rng, version_fn, seq: int):
+    """(category, frames): per round a valid segment, the three LIES, a valid one. Valid episodes
+    last 1 step and return 0 (within any env's limit and max_abs_reward)."""
+    def segment(seq: int, length: int = 1, ret: float = 0.0) -> list:
+        seg = maker.segment(rng, version_fn(), B=2, seq=seq, episodes=1)
+        seg.arrays["ep_length"][:] = length
+        seg.arrays["ep_return"][:] = ret
+        return P.encode_segment(seg)
+
+    for _ in range(rounds):
+        yield "valid", segment(seq)
+        yield LIES[0], segment(2**63 - 1)
+        yield LIES[1], segment(seq + 1, length=2**62)
+        yield LIES[2], segment(seq + 2, ret=float(np.finfo(np.float32).max))
+        yield "valid", segment(seq + 3)
+        seq += 4
+
+
 # ----------------------------------------------------------------------- the control channel
 def hello_flood(run: Run, count: int, peers: int = 4) -> Row:
     """Hellos with fresh actor ids from a few bare peers: each is welcomed (without CURVE anyone
@@ -834,34 +927,80 @@ def hello_flood(run: Run, count: int, peers: int = 4) -> Row:
     return row
 
 
-def id_hijack(run: Run, rounds: int = 5) -> Row:
-    """Hellos under the ids of the live local actors from a bare peer on the same machine (no keys:
-    any local process can say any id). Each must be refused while the real actor is connected
-    (`id_taken`); a welcome is an unauthorised action. Problems: a welcome, or a real actor
-    dropped or made to rejoin."""
+def id_hijack(run: Run, token: str | None, rounds: int = 5) -> Row:
+    """A bare peer on the same machine speaks for the live local actors (no keys: any local process
+    can claim any id, host and pid): hellos copying each one's host and pid from the run's log
+    ("actor local-0 joined (HOST pid N)"), and for local-0, whose token it kept from holding that
+    id while it was free (`actor_sigterm`), heartbeats and byes with that token. While the real
+    actor is connected each is refused and counted (id_taken). Problems: a welcome, a heartbeat
+    answered or an actor removed by a bye (unauthorised), fewer id_taken than requests, a real
+    actor that left, was dropped or had to rejoin."""
     row = Row("hello under a live actor's id")
     ep = endpoints(run)["control"]
     before, mark, t0 = run.accounts(), len(run.text()), time.time()
-    ids = [f"local-{i}" for i in range(len(run.actors()))]
+    claims = {f"local-{i}": _claimed(run, i) for i in range(len(run.actors()))}
     peer = Peer(ep)
+    sent = {"hello": 0, "heartbeat": 0, "bye": 0}
     try:
-        for r in range(rounds):
-            for actor_id in ids:
-                meta = {"actor_id": actor_id, "host": "hijack", "pid": 100_000 + r, "num_envs": 0}
-                peer.send(P.encode_control("hello", meta), timeout_ms=1000)
+        for _ in range(rounds):
+            for actor_id, (host, pid) in claims.items():
+                peer.send(P.encode_control("hello", {"actor_id": actor_id, "host": host, "pid": pid, "num_envs": 4}),
+                          timeout_ms=1000)
+                sent["hello"] += 1
+            for kind in ("heartbeat", "bye") if token is not None else ():
+                peer.send(P.encode_control(kind, {"actor_id": "local-0", "token": token}), timeout_ms=1000)
+                sent[kind] += 1
         peer.settle(timeout_s=60)
     finally:
         peer.close()
-    row.seconds, row.tried = time.time() - t0, rounds * len(ids)
-    welcomed, refused = peer.replies.get("welcome", 0), peer.replies.get("error", 0)
-    row.unauthorised = welcomed
-    row.accounts = run.accounts(newer_than=run.step()).minus(before)
+    row.seconds, row.tried = time.time() - t0, sum(sent.values())
+    after = run.accounts(newer_than=run.step())
+    row.accounts = after.minus(before)
+    taken = _control(after)["invalid"].get("id_taken", 0) - _control(before)["invalid"].get("id_taken", 0)
+    removed = _registry(after)["left_total"] - _registry(before)["left_total"]
+    granted = {"welcome": peer.replies.get("welcome", 0), "heartbeat answered": peer.replies.get("heartbeat", 0),
+               "removed by a bye": removed}
+    row.unauthorised = sum(granted.values())
+    if row.unauthorised:
+        row.problems.append(f"unauthorised: {granted}")
+    if taken != row.tried:
+        row.problems.append(f"{taken} counted id_taken of {row.tried} requests")
+    if token is None:
+        row.problems.append("no token of local-0 (actor SIGTERM): heartbeats and byes not sent")
     row.problems += _real_actors_undisturbed(run, mark) + _liveness(run)
-    if welcomed:
-        row.problems.append(f"{welcomed} hello(s) under a live actor's id welcomed")
-    row.outcome = f"{refused} refused (id_taken), {welcomed} welcomed"
-    row.detail = {"refused": refused, "welcomed": welcomed}
+    shown = ", ".join(f"{i} as {h} pid {p}" for i, (h, p) in claims.items())
+    row.outcome = (f"{sent['hello']} hellos ({shown}), {sent['heartbeat']} heartbeats and {sent['bye']} byes with "
+                   f"local-0's token: {taken} refused (id_taken), {row.unauthorised} accepted")
+    row.detail = {"refused": taken, "sent": sent, "replies": peer.replies, "claimed": claims}
     return row
+
+
+def _claimed(run: Run, index: int) -> tuple[str, int]:
+    """The host and pid local actor `index` said hello with, as the run's log has it (the last
+    "joined" or "replaced" line), else this host and its process's pid (its log line folded)."""
+    found = re.findall(rf"actor local-{index} (?:joined|replaced) \((.+?) pid (\d+)\)", run.text())
+    pid = run.actor(index)
+    if found and int(found[-1][1]) == pid:
+        return found[-1][0], pid
+    return socket.gethostname(), pid or 0
+
+
+def _take_free_id(run: Run, actor_id: str, timeout_s: float = 30.0) -> str | None:
+    """Say hello as `actor_id` until welcomed (refused while its holder is connected), then let it
+    go; the welcome's token, or None."""
+    peer = Peer(endpoints(run)["control"])
+    deadline = time.time() + timeout_s
+    try:
+        while time.time() < deadline:
+            peer.last.clear()
+            peer.send(P.encode_control("hello", {"actor_id": actor_id, "host": socket.gethostname(),
+                                                 "pid": os.getpid(), "num_envs": 0}), timeout_ms=1000)
+            peer.drain(200)
+            if "welcome" in peer.last:
+                return peer.last["welcome"].meta["token"]
+    finally:
+        peer.close()
+    return None
 
 
 def spoofing(run: Run, count: int, rng, other_token: str) -> Row:
@@ -914,7 +1053,13 @@ def spoofing(run: Run, count: int, rng, other_token: str) -> Row:
 
 
 def _registry(accounts: Accounts) -> dict:
-    return accounts.records[0].get("control", {}).get("registry", {"left_total": 0})
+    return _control(accounts)["registry"]
+
+
+def _control(accounts: Accounts) -> dict:
+    """Rank 0's control server figures: requests refused by reason, the actor registry."""
+    control = accounts.records[0].get("control", {})
+    return {"invalid": control.get("invalid", {}), "registry": control.get("registry", {"left_total": 0})}
 
 
 def _real_actors_undisturbed(run: Run, mark: int) -> list[str]:
@@ -1059,6 +1204,113 @@ def _restarting(run: Run, mark: int) -> set[str]:
     return pending
 
 
+def actor_sigterm(run: Run, index: int = 0) -> tuple[Row, str | None]:
+    """SIGTERM to local actor `index` (what `kill` or a scheduler sends): it says bye and exits 143,
+    the launcher restarts it ("actor 0 exited with 143 (SIGTERM); restart k/N") and training goes
+    on. While its id is free a bare peer takes it (without keys any peer may) and lets it go at
+    once: the restart takes it over. Returns the row and the token the peer was given, which is
+    the actor's own (without CURVE a token belongs to the id), for `id_hijack`. Problems: another
+    exit code, no restart, an actor that does not send again, training that stops."""
+    row = Row("actor SIGTERM", tried=1)
+    before, mark, t0, step0 = run.accounts(), len(run.text()), time.time(), run.step()
+    pid = run.actor(index)
+    if pid is None:
+        row.problems.append(f"no local actor {index} running")
+        return row, None
+    _kill(pid, signal.SIGTERM)
+    run.sigterms += 1
+    token = _take_free_id(run, f"local-{index}")
+    restart = re.compile(rf"asyncvla: actor {index} exited with (-?\d+)(?: \(\w+\))?; restart (\d+)/")
+    try:
+        run.wait(lambda: restart.search(run.text()[mark:]) and not _restarting(run, mark), PROGRESS_S,
+                 "the actor's restart, sending")
+    except Hang as e:
+        row.problems.append(str(e))
+    got = restart.search(run.text()[mark:])
+    row.exit_code = code = int(got.group(1)) if got else None
+    if code != 128 + signal.SIGTERM:
+        row.problems.append(f"actor {index} exited with {code}, not 143")
+    row.seconds = time.time() - t0
+    row.problems += _liveness(run)
+    row.accounts = run.accounts(newer_than=run.step()).minus(before)
+    row.rss_mb = run.rss_mb(t0)
+    row.outcome = (f"actor {index} exited with {code}; restart {got.group(2) if got else '-'} by the launcher, "
+                   f"sending again after {row.seconds:.0f} s (its id held by a bare peer meanwhile: "
+                   f"{'taken and let go' if token else 'never free'}); {run.step() - step0} updates meanwhile")
+    return row, token
+
+
+def evaluator_sigkill(run: Run) -> Row:
+    """SIGKILL the evaluator: the launcher reaps it (no zombie), says so and starts another ("the
+    evaluator exited with -9 (SIGKILL); restarting it (1/1)"), which joins the learner under its
+    own id; nothing of the killed one is left; training goes on."""
+    row = Row("evaluator SIGKILL", tried=1)
+    before, mark, t0 = run.accounts(), len(run.text()), time.time()
+    old = run.evaluators()
+    if not old:
+        row.problems.append("no evaluator running")
+        return row
+    tree = [old[0], *descendants(old[0])]
+    _kill(old[0])
+    said = "the evaluator exited with -9 (SIGKILL); restarting it (1/1)"
+    joined = re.compile(r"actor evaluator-\S+-(\d+) (?:joined|replaced)")
+    try:
+        run.wait(lambda: said in run.text()[mark:], 30, "the launcher's restart line")
+        run.wait(lambda: any(int(m.group(1)) not in tree for m in joined.finditer(run.text()[mark:])),
+                 PROGRESS_S, "the new evaluator's join")
+    except Hang as e:
+        row.problems.append(str(e))
+    time.sleep(1.0)
+    left = [p for p in tree if os.path.exists(f"/proc/{p}")]
+    zombies = [p for p in left if _state(p) == "Z"]
+    if zombies:
+        row.problems.append(f"zombie(s) left: {zombies}")
+    elif left:
+        row.problems.append(f"{len(left)} process(es) of the killed evaluator left")
+    new = [p for p in run.evaluators() if p not in tree]
+    row.seconds = time.time() - t0
+    row.problems += _liveness(run)
+    row.accounts = run.accounts(newer_than=run.step()).minus(before)
+    row.outcome = (f"pid {old[0]} killed; the launcher restarted it (1/1): pid {new[0] if new else '-'} joined "
+                   f"after {row.seconds:.0f} s; {len(zombies)} zombies, {len(left)} processes of the old one left")
+    return row
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (R, S, Z, ...), '' when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def learner_starving(run: Run) -> Row:
+    """Every local actor stopped (SIGSTOP) until the learner says it starves, within a few
+    learner.starvation_timeout_s: "rank 0: no segment for N s (learner.starvation_timeout_s=S);
+    last heard from local-..."; then they go on, and so does training. Problems: no such line, or
+    one that names no actor."""
+    row = Row("learner starving", tried=1)
+    before, mark, t0 = run.accounts(), len(run.text()), time.time()
+    line = re.compile(r"rank 0: no segment for (\d+) s \(learner\.starvation_timeout_s=[\d.]+\); ([^;\n]*)")
+    paused = run.actors()
+    try:
+        _signal_groups(paused, signal.SIGSTOP)
+        run.wait(lambda: line.search(run.text()[mark:]), 3 * STARVING_S + 10, "the starvation line")
+    except Hang as e:
+        row.problems.append(str(e))
+    finally:
+        _signal_groups(paused, signal.SIGCONT)
+    said = line.search(run.text()[mark:])
+    if said and "last heard from local-" not in said.group(2):
+        row.problems.append(f"the line names no local actor: {said.group(0)!r}")
+    row.seconds = time.time() - t0
+    row.problems += _liveness(run)
+    row.accounts = run.accounts(newer_than=run.step()).minus(before)
+    row.outcome = (f"{len(paused)} actors stopped; the learner said after {said.group(1)} s: "
+                   f"\"{said.group(2)[:90]}\"; training went on" if said else f"{len(paused)} actors stopped")
+    return row
+
+
 def launcher_sigint(run: Run, start_step: int) -> tuple[Row, int | None]:
     """SIGINT to `asyncvla train`: exit 130 within the grace period, a final checkpoint, every rank's
     final accounting balanced and covering every trained column, no process left. Returns the
@@ -1183,6 +1435,211 @@ def launcher_sigkill(run: Run, within_s: float = 5.0) -> Row:
     row.outcome = f"{len(procs)} processes ({', '.join(m.rsplit('.', 1)[-1] for m in modules)}); " + \
         (f"none left after {took:.1f} s" if not left else f"{len(left)} left")
     return row
+
+
+# ----------------------------------------------------------------------- starting and resuming
+def side_overrides(out: Path, name: str, ports: dict, ranks: int) -> list[str]:
+    """The suite's run without actors or evaluator: a learner that starts (or resumes) and waits."""
+    return [*suite_overrides(out, name, ports, Sizes(ranks=ranks, actors=0)), "eval.eval_interval=0"]
+
+
+def startup_ctrl_c(out: Path, ranks: int) -> Row:
+    """Ctrl-C (SIGINT to `asyncvla train`) as soon as a learner rank process exists, still
+    importing: a rank is asked to stop only once it catches the signal, so the run ends as any
+    stopped run does, exit 130 with one line ("stopped by SIGINT before the first update: no
+    checkpoint to resume from"); no traceback, nothing left."""
+    row, t0 = Row("Ctrl-C during start-up", tried=1), time.time()
+    ports = run_ports()
+    run = Run(out, "startup", side_overrides(out, "startup", ports, ranks), ports, ranks, label="ctrl-c")
+    left = {}
+    try:
+        run.wait(run.learners, PROGRESS_S, "a learner rank process")
+        t_int = time.time()
+        run.proc.send_signal(signal.SIGINT)
+        row.exit_code = run.proc.wait(timeout=STOP_GRACE_S + 30)
+        row.seconds = time.time() - t0
+        time.sleep(1.0)
+        left = run.alive()
+    except (Hang, subprocess.TimeoutExpired) as e:
+        row.problems.append(f"hang: {e}")
+        return row
+    finally:
+        run.close()
+    want = "asyncvla: stopped by SIGINT before the first update: no checkpoint to resume from"
+    said = [ln for ln in run.text().splitlines() if ln.startswith("asyncvla: stopped")]
+    row.problems += _one_stop(run, row.exit_code, said, [want]) + _stopped_accounts(run, row) + \
+        ([f"left running: {sorted({v[1] for v in left.values()})}"] if left else [])
+    row.outcome = (f"SIGINT {t_int - t0:.0f} s after the launch, a rank starting; exit {row.exit_code} "
+                   f"{time.time() - t_int:.0f} s later: \"{want[len('asyncvla: '):]}\"")
+    return row
+
+
+def _stopped_accounts(run: Run, row: Row) -> list[str]:
+    """The final accounting of a learner stopped before its first update, into `row`: balanced,
+    nothing trained."""
+    try:
+        row.accounts = run.accounts(current=False)
+    except Hang as e:
+        return [f"no final accounting: {e}"]
+    if not row.accounts.balanced or row.accounts.trained:
+        return [f"accounting: {row.accounts.acked} acked, {row.accounts.trained} trained, balanced "
+                f"{row.accounts.balanced}"]
+    return []
+
+
+def _one_stop(run: Run, code: int | None, said: list[str], want: list[str]) -> list[str]:
+    out = [] if code == 130 else [f"exit code {code}, not 130"]
+    if said != want:
+        out.append(f"stop lines {said}, expected {want}")
+    if "Traceback" in run.text():
+        out.append("a traceback in the log")
+    return out
+
+
+def keep_checkpoint(run: Run, store: Path) -> Path | None:
+    """A copy of the run's newest complete checkpoint in `store`, or None (the run may prune the
+    tag while it is copied: the copy must pass its completion marker's check)."""
+    from asyncvla.learner.checkpoint import check_complete
+
+    for _ in range(5):
+        step = run.step()
+        if not step:
+            return None
+        src = run.dir / "checkpoints" / f"step_{step:08d}"
+        dst = store / src.name
+        shutil.rmtree(dst, ignore_errors=True)
+        try:
+            shutil.copytree(src, dst)
+        except (OSError, shutil.Error):
+            continue
+        if check_complete(dst) is None:
+            return dst
+    return None
+
+
+def run_copy(src: Path, dest: Path, tags: list[Path]) -> Path:
+    """A run directory with what `src` was started with (its configs, policy_init) and copies of
+    the checkpoints `tags`, oldest first (each keeps its save time: its completion marker)."""
+    skip = {"checkpoints", "accounting", "tb", "eval", "learner_end.json"}
+    shutil.copytree(src, dest, ignore=lambda d, names: [n for n in names if Path(d) == src and n in skip])
+    for tag in tags:
+        shutil.copytree(tag, dest / "checkpoints" / tag.name)
+    return dest
+
+
+def resume_other_shape(out: Path, run_dir: Path, ranks: int) -> Row:
+    """--resume with policy.backbone.text_hidden_size doubled (a key that sets the policy's shape):
+    refused before any rank starts, exit 2, one line naming the key and both values."""
+    row, t0 = Row("resume with another shape", tried=1), time.time()
+    key = "policy.backbone.text_hidden_size"
+    old = int(next(o for o in SMALL_BACKBONE if o.startswith(f"{key}=")).split("=")[1])
+    ports = run_ports()
+    overrides = [o for o in side_overrides(out, "shape", ports, ranks) if not o.startswith(f"{key}=")]
+    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "train", CONFIG, *overrides, f"{key}={2 * old}",
+                        "--resume", str(run_dir)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    row.exit_code, row.seconds = r.returncode, time.time() - t0
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    want = f"{key}={old} (this config: {2 * old})"
+    if r.returncode != 2 or len(lines) != 1 or want not in lines[0]:
+        row.problems.append(f"exit {r.returncode}, not one line naming {want!r}: {r.stderr[-300:]!r}")
+    row.outcome = f"exit {r.returncode} in {row.seconds:.0f} s, one line: \"... trained with {want} ...\""
+    return row
+
+
+def older_tag_ctrl_c(out: Path, src: Path, older: Path, newer: Path, ranks: int) -> Row:
+    """--resume RUN/checkpoints/step_E, the older of two complete checkpoints (step_F is newer),
+    then Ctrl-C before the first update: exit 130, and the launcher names step_E, where the run's
+    branch now stands, never step_F, which is kept aside (checkpoints/abandoned/): a later
+    `--resume RUN` continues step_E."""
+    from asyncvla.learner.checkpoint import find_latest
+
+    row, t0 = Row("resume from an older tag, then Ctrl-C", tried=1), time.time()
+    run_dir = run_copy(src, out / "older", [older, newer])
+    resume_at = run_dir / "checkpoints" / older.name
+    ports = run_ports()
+    run = Run(out, "older", side_overrides(out, "older", ports, ranks), ports, ranks, resume=resume_at, label="resume")
+    try:
+        run.wait(lambda: "resumed from" in run.text(), PROGRESS_S + 60, "resume")
+        run.proc.send_signal(signal.SIGINT)
+        row.exit_code = run.proc.wait(timeout=STOP_GRACE_S + 30)
+    except (Hang, subprocess.TimeoutExpired) as e:
+        row.problems.append(f"hang: {e}")
+    finally:
+        run.close()
+    row.seconds, text, step = time.time() - t0, run.text(), _tag_step(older)
+    resumed = re.search(r"resumed from \S+ at step (\d+)", text)
+    if resumed is None or int(resumed.group(1)) != step:
+        row.problems.append(f"resumed at {resumed and resumed.group(1)}, not step {step}")
+    said = [ln for ln in text.splitlines() if ln.startswith("asyncvla: stopped")]
+    want = [f"asyncvla: stopped by SIGINT at update {step}; final checkpoint {resume_at}; it holds step {step}; "
+            f"to continue, run the same command with --resume {run_dir}"]
+    row.problems += _one_stop(run, row.exit_code, said, want) + _stopped_accounts(run, row)
+    named = [ln for ln in text.splitlines() if ln.startswith("asyncvla:") and newer.name in ln]
+    if named:
+        row.problems.append(f"the launcher named the newer {newer.name}: {named[0]!r}")
+    latest, aside = find_latest(run_dir), list((run_dir / "checkpoints" / "abandoned").glob(f"*/{newer.name}"))
+    if latest != resume_at or not aside:
+        row.problems.append(f"--resume RUN would continue {latest}; {newer.name} kept aside: {bool(aside)}")
+    row.outcome = (f"resumed at step {step} ({older.name}; {newer.name} newer, now in checkpoints/abandoned), SIGINT: "
+                   f"exit {row.exit_code}, the launcher named {older.name} (step {step})"
+                   + (f" and {newer.name} {len(named)} times" if named else f", never {newer.name}"))
+    return row
+
+
+def nan_in_saved_ema(out: Path, src: Path, older: Path, newer: Path, ranks: int) -> Row:
+    """The newer of two complete checkpoints with one float of its EMA weights set to NaN (a file
+    whose size its marker vouches for: only its values are wrong): --resume stops before anything
+    is resumed or served, exit non-zero, in one line naming the file and the newest earlier
+    complete checkpoint."""
+    row, t0 = Row("NaN in a saved EMA", tried=1), time.time()
+    run_dir = run_copy(src, out / "nan_ema", [older, newer])
+    path, tensor = poison_ema(run_dir / "checkpoints" / newer.name)
+    ports = run_ports()
+    run = Run(out, "nan_ema", side_overrides(out, "nan_ema", ports, ranks), ports, ranks, resume=True,
+              label="resume")
+    try:
+        row.exit_code = run.proc.wait(timeout=PROGRESS_S + 60)
+    except subprocess.TimeoutExpired:
+        row.problems.append(f"hang: still running {PROGRESS_S + 60:.0f} s after the start")
+    finally:
+        run.close()
+    row.seconds, text = time.time() - t0, run.text()
+    lines = sorted({ln for ln in text.splitlines() if "holds NaN or inf" in ln})     # (one per rank)
+    earlier = f"checkpoint.resume={run_dir / 'checkpoints' / older.name}"
+    if row.exit_code in (0, None):
+        row.problems.append(f"exit {row.exit_code}")
+    if len(lines) != 1 or str(path) not in lines[0] or earlier not in lines[0]:
+        row.problems.append(f"not one line naming {path.name} and {earlier}: {lines or text[-300:]!r}")
+    if "resumed from" in text:
+        row.problems.append("the run resumed from it (and served its weights)")
+    if "Traceback" in text:
+        row.problems.append("a traceback in the log")
+    row.outcome = (f"EMA '{tensor}' NaN in {newer.name}/{path.name}: exit {row.exit_code}, one line naming the file "
+                   f"and {older.name} to resume instead; nothing resumed or served")
+    return row
+
+
+def poison_ema(tag_dir: Path) -> tuple[Path, str]:
+    """Set one float of the EMA weights in `tag_dir`'s rank-0 model-states file to NaN (re-saved
+    with torch) and update its size in the completion marker. Returns the file and the tensor."""
+    import torch
+
+    from asyncvla.learner.checkpoint import CLIENT_KEY, MARKER, load_file
+
+    path = sorted(tag_dir.glob("*mp_rank_00_model_states.pt"))[0]
+    state = load_file(path)
+    shadow = state[CLIENT_KEY]["ema"]["shadow"]
+    name = next(k for k, v in shadow.items() if v.is_floating_point() and v.numel())
+    shadow[name][(0,) * shadow[name].dim()] = float("nan")
+    torch.save(state, path)
+    marker = json.loads((tag_dir / MARKER).read_text())
+    marker["files"][path.name] = path.stat().st_size
+    (tag_dir / MARKER).write_text(json.dumps(marker))
+    return path, name
+
+
+def _tag_step(tag_dir: Path) -> int:
+    return int(TAG_RE.match(tag_dir.name).group(1))
 
 
 # ------------------------------------------------------------------------------ the actor side
@@ -1424,6 +1881,7 @@ def run_suite(out: Path, sizes: Sizes) -> SuiteResult:
     runs: list[Run] = []
     rss: dict = {"bound_mb": sizes.rss_bound_mb}
     escaped: list[Row] = []
+    kept: list = []
     escape = threading.Thread(target=_guarded, args=(escaped, "fake learner: escaping file names", escaping_names, out))
     try:
         run = Run(out, name, overrides, ports, sizes.ranks, label="a")
@@ -1438,17 +1896,24 @@ def run_suite(out: Path, sizes: Sizes) -> SuiteResult:
         _guarded(rows, "fuzz control port", fuzz, run, "control", sizes.fuzz_per_port, rng, None, real_ids)
         _guarded(rows, "hello flood", hello_flood, run, sizes.hellos)
         _guarded(rows, "spoofed heartbeats/byes", spoofing, run, sizes.spoofs, rng, token)
-        _guarded(rows, "hello under a live actor's id", id_hijack, run)
+        got = _guarded(rows, "actor SIGTERM", actor_sigterm, run)
+        _guarded(rows, "hello under a live actor's id", id_hijack, run, got[1] if got else None)
         _guarded(rows, "fuzz weights port", fuzz, run, "weights", sizes.fuzz_per_port, rng, None, real_ids)
         _guarded(rows, "fuzz trajectory port", fuzz, run, "trajectory", sizes.fuzz_per_port, rng, maker, (),
                  sizes.valid_segments)
+        _guarded(rows, "lying episode stats and seq", lying_segments, run, maker, sizes.lies, rng,
+                 sizes.fuzz_per_port + sizes.valid_segments)
         rss["after_fuzz_mb"] = run.rss_mb(time.time() - 3)
         _guarded(rows, "disk full during a save", disk_full, run, no_disk)
         _guarded(rows, "actor churn (SIGKILL)", actor_churn, run, sizes.churn_s, sizes.churn_every_s, prng)
+        kept.append(keep_checkpoint(run, out / "kept"))     # for the resumptions after the run
+        _guarded(rows, "learner starving", learner_starving, run)
+        _guarded(rows, "evaluator SIGKILL", evaluator_sigkill, run)
         rss["max_mb"] = run.rss_mb(t_attacks)
         rows.append(_memory_row(rss))
         got = _guarded(rows, "launcher SIGINT", launcher_sigint, run, 0)
         final = got[1] if got else None
+        kept.append(keep_checkpoint(run, out / "kept"))
 
         expect = final if final is not None else run.step()
         escape.start()                 # (on its own: it needs no run, and a run starting leaves time)
@@ -1484,6 +1949,7 @@ def run_suite(out: Path, sizes: Sizes) -> SuiteResult:
         escape.start()
     escape.join()
     rows += escaped
+    rows += resumptions(out, out / name, kept, sizes.ranks)
     careless = out / "careless"
     _guarded(rows, "config: nan/inf values", nonfinite_config)
     _guarded(rows, "diverging run (learner.lr=1e6)", diverging_run, careless)
@@ -1491,6 +1957,37 @@ def run_suite(out: Path, sizes: Sizes) -> SuiteResult:
     _guarded(rows, "final save fails", final_save_fails, careless)
     rows.append(_crash_row(runs))
     return SuiteResult(rows, sizes, time.time() - t_start, rss, no_disk)
+
+
+def resumptions(out: Path, run_dir: Path, kept: list, ranks: int) -> list[Row]:
+    """The resumptions of copies of the run (its configs and two checkpoints it saved, kept: the
+    older from before the launcher's SIGINT, the newer its final one), and a run stopped while it
+    starts."""
+    rows: list[Row] = []
+    faults = ("resume with another shape", "resume from an older tag, then Ctrl-C", "NaN in a saved EMA")
+    if len(kept) != 2 or None in kept or kept[0] == kept[1]:
+        rows = [Row(f, problems=[f"no two checkpoints of the run kept: {kept}"]) for f in faults]
+        _guarded(rows, "Ctrl-C during start-up", startup_ctrl_c, out, ranks)
+        return rows
+    older, newer = kept
+    _guarded(rows, faults[0], resume_other_shape, out, run_copy(run_dir, out / "shape", [newer]), ranks)
+    _concurrently(rows, (faults[1], older_tag_ctrl_c, out, run_dir, older, newer, ranks),
+                  (faults[2], nan_in_saved_ema, out, run_dir, older, newer, ranks),
+                  ("Ctrl-C during start-up", startup_ctrl_c, out, ranks))
+    return rows
+
+
+def _concurrently(rows: list, *attacks) -> None:
+    """Attacks (fault, fn, *args) on runs of their own, each in a thread: a run that starts spends
+    most of its time in one process's imports and set-up. Their rows in the order given."""
+    got: list[list[Row]] = [[] for _ in attacks]
+    threads = [threading.Thread(target=_guarded, args=(g, *a)) for g, a in zip(got, attacks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for g in got:
+        rows.extend(g)
 
 
 def _merge(kills: list[Row]) -> list[Row]:

@@ -1,16 +1,22 @@
 """The fault suite, small (tests/faults_harness.py; the full one is tests/benchmarks/faults.py): a
 real `asyncvla train` on loopback — DeepSpeed learner, local actors, evaluator — under every
 attack of the reliability issue, then its table. 10^4 fuzz messages per port, a hello flood,
-spoofed heartbeats and byes, a full disk during a save, 30 s of actor churn, Ctrl-C and --resume,
-a learner SIGKILL during a save and --resume, a launcher SIGKILL, a fake learner serving escaping
-file names; then careless configs and disks (nan/inf values, learner.lr=1e6, a checkpoint folder
-that cannot be written, a final save that fails). ~3-4 minutes on 2 cores.
+spoofed heartbeats and byes, an actor SIGTERM, hellos, heartbeats and byes under a live actor's id,
+segments lying about their seq and episode stats, a full disk during a save, 30 s of actor churn,
+a starving learner, an evaluator SIGKILL, Ctrl-C and --resume, a learner SIGKILL during a save
+and --resume, a launcher SIGKILL, a fake learner serving escaping file names; resumptions of copies
+of the run (another policy shape, an older checkpoint then Ctrl-C, a NaN in a saved EMA) and
+Ctrl-C during start-up; then careless configs and disks (nan/inf values, learner.lr=1e6, a
+checkpoint folder that cannot be written, a final save that fails). ~7 minutes on 2 cores.
 
 The promises checked: no learner or actor crash, no hang, no unauthorised action, learner RSS
 within its bound, every segment the learner acked trained on, dropped for a counted reason or
 still buffered (acked = trained + dropped + buffered, and the trained columns are exactly the
 updates' batches), a final checkpoint after SIGINT that --resume continues from, nothing left 5 s
-after the launcher's SIGKILL, a run that goes on after a failed save and saves the next time.
+after the launcher's SIGKILL, a run that goes on after a failed save and saves the next time; a
+stop is never a finish (130 for Ctrl-C whenever it comes, 143 for an actor's SIGTERM, which is
+restarted like a killed evaluator), a live id stays with its connection, lying counters are
+dropped without moving their stream, a checkpoint is resumed only as it was trained.
 
 Before it, on bare sockets in this process, the suite's findings and its accounting: the three
 channels' token checks against a token no ASCII string compares with (it used to kill the
@@ -134,17 +140,26 @@ def suite(tmp_path_factory):
 
 def test_every_attack_ran(suite):
     faults = [r.fault for r in suite.rows]
-    for fault in ("fuzz control port", "fuzz weights port", "fuzz trajectory port", "hello flood",
-                  "spoofed heartbeats/byes", "hello under a live actor's id", "disk full during a save",
-                  "actor churn (SIGKILL)",
+    for fault in ("fuzz control port", "fuzz weights port", "fuzz trajectory port", "lying episode stats and seq",
+                  "hello flood", "spoofed heartbeats/byes", "actor SIGTERM", "hello under a live actor's id",
+                  "disk full during a save", "actor churn (SIGKILL)", "learner starving", "evaluator SIGKILL",
                   "launcher SIGINT", "learner SIGKILL during a save", "launcher SIGKILL",
                   "fake learner: escaping file names", "learner memory (RSS, any rank)", "crashes (every run)",
+                  "resume with another shape", "resume from an older tag, then Ctrl-C", "NaN in a saved EMA",
+                  "Ctrl-C during start-up",
                   "config: nan/inf values", "diverging run (learner.lr=1e6)", "checkpoint folder not writable",
                   "final save fails"):
         assert fault in faults, (fault, faults)
     for port in ("control", "weights", "trajectory"):
         assert suite.row(f"fuzz {port} port").tried >= 10_000
-    hijack = suite.row("hello under a live actor's id")      # no keys: a live id stays with its process
+
+
+def test_a_live_id_stays_with_its_connection_whatever_the_claims(suite):
+    """Hellos copying the live actors' host and pid, heartbeats and byes with local-0's own token,
+    from another connection: each refused and counted (id_taken), the real actors undisturbed."""
+    hijack = suite.row("hello under a live actor's id")
+    assert not hijack.problems and hijack.unauthorised == 0, hijack.outcome
+    assert hijack.detail["sent"]["heartbeat"] > 0 and hijack.detail["sent"]["bye"] > 0, hijack.detail
     assert hijack.tried > 0 and hijack.detail["refused"] == hijack.tried, hijack.outcome
 
 
@@ -166,6 +181,15 @@ def test_acked_equals_trained_plus_dropped_plus_buffered(suite):
     assert fuzz.dropped["duplicate"] > 0 and fuzz.invalid["bad_counter"] > 0    # replays; env_steps = 2**63 - 1
 
 
+def test_lying_counters_are_dropped_without_moving_the_stream(suite):
+    """seq = 2**63 - 1 and ep_length = 2**62 dropped as bad_counter, ep_return = float32 max as
+    bad_reward, exactly; the valid seqs after them taken (no duplicate), few seq gaps."""
+    row, lies = suite.row("lying episode stats and seq"), suite.sizes.lies
+    assert not row.problems, row.outcome
+    assert row.accounts.invalid == {"bad_counter": 2 * lies, "bad_reward": lies}, row.accounts
+    assert not row.accounts.dropped.get("duplicate") and row.accounts.seq_gaps <= 2 * lies + 2, row.accounts
+
+
 def test_careless_configs_and_disks_stop_with_one_line_and_a_non_zero_exit(suite):
     """learner.lr=inf and friends refused before any rank starts; learner.lr=1e6 stops within a few
     updates, its non-finite steps counted, only finite weights saved; a checkpoint folder that
@@ -177,6 +201,27 @@ def test_careless_configs_and_disks_stop_with_one_line_and_a_non_zero_exit(suite
     for fault in ("checkpoint folder not writable", "final save fails"):
         assert suite.row(fault).exit_code not in (0, None), suite.row(fault).outcome
     assert suite.row("final save fails").accounts.saves_failed == 1
+
+
+def test_a_stop_is_never_a_finish(suite):
+    """Ctrl-C exits 130 whenever it comes (a running run, one starting, one resumed from an older
+    checkpoint, whose tag the launcher names); a SIGTERMed actor exits 143 and is restarted; a
+    killed evaluator is restarted; a starving learner names the actors it last heard from."""
+    for fault in ("launcher SIGINT", "Ctrl-C during start-up", "resume from an older tag, then Ctrl-C"):
+        assert suite.row(fault).exit_code == 130, suite.row(fault).outcome
+    assert suite.row("actor SIGTERM").exit_code == 143, suite.row("actor SIGTERM").outcome
+    for fault in ("Ctrl-C during start-up", "resume from an older tag", "actor SIGTERM", "evaluator SIGKILL",
+                  "learner starving"):
+        row = suite.row(fault)
+        assert not row.problems and row.tried == 1, (fault, row.problems, row.outcome)
+
+
+def test_a_checkpoint_is_resumed_only_as_it_was_trained(suite):
+    """NaN in a saved EMA: refused in one line naming the file and the earlier checkpoint, exit
+    non-zero, nothing resumed; another policy shape: refused in one line, exit 2."""
+    nan, shape = suite.row("NaN in a saved EMA"), suite.row("resume with another shape")
+    assert nan.exit_code not in (0, None) and not nan.problems, nan.outcome
+    assert shape.exit_code == 2 and not shape.problems, shape.outcome
 
 
 def test_learner_memory_within_its_bound(suite):

@@ -3,19 +3,23 @@ under every attack of the reliability issue, and the table of what happened.
 
     python -m tests.benchmarks.faults [--quick] [--out bench_results/faults.json]
 
-Full (tests/faults_harness.py FULL, ~10 minutes on 2 cores): 10^4 fuzz messages per port, 10^4
-fake hellos, 10^4 spoofed requests, a full disk during a save, 3 minutes of actor churn (a SIGKILL
-every 10 s), Ctrl-C and --resume, 4 learner SIGKILLs (2 during a save) each followed by --resume,
-a launcher SIGKILL, a fake learner serving escaping file names; then careless configs and disks: nan/inf
-config values, a diverging run (learner.lr=1e6), a checkpoint folder that cannot be written, a
-final save that fails. --quick runs the suite of `make
-test` (tests/test_faults.py, 1 rank, 30 s of churn, 1 learner kill; ~4 minutes).
+Full (tests/faults_harness.py FULL, ~12 minutes on 2 cores): 10^4 fuzz messages per port, 10^4
+fake hellos, 10^4 spoofed requests, an actor SIGTERM, hellos, heartbeats and byes under a live
+actor's id, 50 rounds of segments lying about their seq and episode stats, a full disk during a
+save, 3 minutes of actor churn (a SIGKILL every 10 s), a starving learner, an evaluator SIGKILL,
+Ctrl-C and --resume, 4 learner SIGKILLs (2 during a save) each followed by --resume, a launcher
+SIGKILL, a fake learner serving escaping file names; resumptions with another policy shape, from
+an older checkpoint then Ctrl-C, from one with a NaN in its EMA; Ctrl-C during start-up; then
+careless configs and disks: nan/inf config values, a diverging run (learner.lr=1e6), a checkpoint
+folder that cannot be written, a final save that fails. --quick runs the suite of `make test`
+(tests/test_faults.py, 1 rank, 5 rounds of lies, 30 s of churn, 1 learner kill; ~7 minutes).
 
 The figures: crashes, hangs, unauthorised actions and unaccounted segments (each goal 0), the
 learner's RSS growth under attack against its bound, the processes left 5 s after the launcher's
-SIGKILL, the fuzz messages per port, the careless runs' exit codes, non-finite steps skipped and
-saves failed. The JSON holds every row of the table (messages sent, drops by reason, non-finite
-steps, saves failed, exit code).
+SIGKILL, the fuzz messages per port, the exit codes of every command an attack ended (a stop is
+never a finish: 130 for Ctrl-C, 143 for an actor's SIGTERM, 2 for a config refused), lying
+counters dropped, non-finite steps skipped and saves failed. The JSON holds every row of the
+table (messages sent, drops by reason, non-finite steps, saves failed, exit code).
 """
 
 from __future__ import annotations
@@ -79,10 +83,14 @@ def figures(results: dict) -> list[report.Figure]:
 
 
 def careless_figures(rows: list[dict]) -> list[report.Figure]:
-    """Exit codes and counts of the careless configs and disks (tests/faults_harness.py)."""
+    """Exit codes and counts of the stops, resumptions, careless configs and disks, and the lying
+    counters (tests/faults_harness.py)."""
     by = {r["fault"]: r for r in rows}
     out = []
-    for fault, goal in (("config: nan/inf values", 2), ("diverging run (learner.lr=1e6)", "!= 0"),
+    for fault, goal in (("launcher SIGINT", 130), ("Ctrl-C during start-up", 130),
+                        ("resume from an older tag, then Ctrl-C", 130), ("actor SIGTERM", 143),
+                        ("resume with another shape", 2), ("NaN in a saved EMA", "!= 0"),
+                        ("config: nan/inf values", 2), ("diverging run (learner.lr=1e6)", "!= 0"),
                         ("checkpoint folder not writable", "!= 0"), ("final save fails", "!= 0")):
         r = by.get(fault)
         code = None if r is None else r["exit_code"]
@@ -90,6 +98,11 @@ def careless_figures(rows: list[dict]) -> list[report.Figure]:
         out.append(report.Figure("faults", f"{fault}: exit code", code, goal=f"= {goal}" if isinstance(goal, int)
                                  else goal, met=met and not r["problems"], note="; ".join(r["problems"])[:200]
                                  if r else "not run"))
+    lies = (by.get("lying episode stats and seq") or {}).get("accounts") or {}
+    dropped = sum((lies.get("invalid") or {}).get(k, 0) for k in ("bad_counter", "bad_reward"))
+    sent = (by.get("lying episode stats and seq") or {}).get("tried")
+    out.append(report.Figure("faults", "lying seq / episode stats dropped (bad_counter, bad_reward)",
+                             dropped if lies else None, goal=f"= {sent} sent", met=dropped == sent if lies else None))
     diverged = (by.get("diverging run (learner.lr=1e6)") or {}).get("accounts") or {}
     out.append(report.Figure("faults", "diverging run: non-finite steps skipped before the stop",
                              diverged.get("nonfinite_steps"), goal="= 2 (learner.max_nonfinite_steps)",
