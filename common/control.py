@@ -214,6 +214,11 @@ class ControlServer:
         with self._lock:
             return self.registry.counts()
 
+    def actor_ids(self) -> list[str]:
+        """The ids registered now."""
+        with self._lock:
+            return sorted(self.registry.actors)
+
     def close(self, notify: bool = True) -> None:
         """Stop serving; with `notify`, tell every live actor that training is over."""
         self._stop.set()

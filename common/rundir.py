@@ -6,7 +6,8 @@ pipeline) uses to find its run directory.
                                                                 RUN, RUN/checkpoints or
                                                                 RUN/checkpoints/step_N it names
 Inside RUN: checkpoints/, tb/, eval/, policy_init/, config.yaml, launch_config.yaml, sft/, demos/,
-learner_end.json (how the learner's last run ended: `write_end` / `read_end`).
+learner_end.json (how the learner's last run ended: `write_end` / `read_end`), actors.json (who
+is registered with it now: `write_actors` / `read_actors`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 CHECKPOINTS = "checkpoints"
 LEARNER_END = "learner_end.json"
+ACTORS = "actors.json"          # the actor ids registered with the learner now (rank 0 keeps it current)
 # Why a learner ended: its budget (learner.max_steps / max_env_steps / max_time_s), a stop signal,
 # or a failure (non-finite training, a final checkpoint not written).
 END_REASONS = ("budget", "stopped", "failed")
@@ -65,5 +67,23 @@ def read_end(run_dir) -> dict | None:
 
 
 def clear_end(run_dir) -> None:
-    """Forget the previous run's record before a new learner starts."""
-    (Path(run_dir) / LEARNER_END).unlink(missing_ok=True)
+    """Forget the previous run's records before a new learner starts."""
+    for name in (LEARNER_END, ACTORS):
+        (Path(run_dir) / name).unlink(missing_ok=True)
+
+
+def write_actors(run_dir, ids: list[str]) -> None:
+    """Record the actor ids registered with the learner (whole file: temporary file + rename)."""
+    path = Path(run_dir) / ACTORS
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"actors": list(ids)}))
+    os.replace(tmp, path)
+
+
+def read_actors(run_dir) -> list[str] | None:
+    """The ids `write_actors` recorded, or None (none written yet, or unreadable)."""
+    try:
+        ids = json.loads((Path(run_dir) / ACTORS).read_text())["actors"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else None

@@ -31,8 +31,9 @@ older checkpoint is that checkpoint's branch), from its completion marker.
 
 Actors: a local actor that exits while the learner trains (a crash, a signal: anything but the
 learner's "shutdown", after which it exits 0) is restarted up to launch.max_actor_restarts times;
-when none is left and no actor fleet runs, the run stops (exit 1). An evaluator that dies is
-reported and restarted once.
+when none is left, no actor fleet runs and no remote actor is registered with the learner (its
+rank 0 keeps RUN/actors.json), the run stops (exit 1). An evaluator that dies is reported and
+restarted once.
 
 Each child runs in its own session, so a stop reaches its whole tree, and gets a parent-death
 signal: a launcher killed with SIGKILL takes every process of the run with it within seconds
@@ -51,7 +52,7 @@ from pathlib import Path
 
 from asyncvla.common import placement, preflight
 from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides, to_yaml
-from asyncvla.common.rundir import clear_end, read_end, run_dir as run_dir_of_config
+from asyncvla.common.rundir import clear_end, read_actors, read_end, run_dir as run_dir_of_config
 from asyncvla.common.signals import LAUNCHER_PID_ENV, catches, descendants, die_with_parent, python_module
 from asyncvla.launch.fleet import HostfileError
 
@@ -142,7 +143,7 @@ def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
     if fleet is not None:
         fleet.start()
     print(f"asyncvla: run dir {run_dir}; tensorboard --logdir {run_dir / 'tb'}", flush=True)
-    fleet_gone_at = None
+    fleet_gone_at, local_lost, told_remote = None, False, False
     try:
         while learner.poll() is None and not stop.count:
             time.sleep(0.5)
@@ -170,13 +171,22 @@ def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
                     actors[i] = start_actor(i)
                     continue
                 del actors[i]
+                local_lost = True
                 limit = (f"launch.max_actor_restarts={cfg.launch.max_actor_restarts} used up" if cfg.launch.restart_actors
                          else "launch.restart_actors=false")
                 print(f"asyncvla: {why}; not restarted ({limit})", file=sys.stderr, flush=True)
-                if not actors and not (fleet and fleet.poll()):   # nothing left to feed the learner
-                    print("asyncvla: every local actor has ended and no actor fleet runs; stopping the run "
-                          f"(see the actor errors above); {resume_hint(run_dir)}", file=sys.stderr, flush=True)
+            if local_lost and not actors and not stop.count and not (fleet and fleet.poll()):
+                remote = remote_actors(run_dir)
+                if not remote:             # nothing left to feed the learner
+                    print("asyncvla: every local actor has ended, no actor fleet runs and no remote actor is "
+                          f"registered; stopping the run (see the actor errors above); {resume_hint(run_dir)}",
+                          file=sys.stderr, flush=True)
                     return 1
+                if not told_remote:
+                    told_remote = True
+                    print(f"asyncvla: every local actor has ended; {len(remote)} remote actor(s) registered "
+                          f"({', '.join(remote[:3])}{', ...' if len(remote) > 3 else ''}): training goes on, and "
+                          "stops once none is left", file=sys.stderr, flush=True)
         if stop.count:
             return stop_learner(cfg, run_dir, learner, list(actors.values()), evaluator, children, stop,
                                 stop_grace_s)
@@ -262,6 +272,12 @@ def finished(run_dir: Path) -> int:
           f"(not by this launcher); {saved}; to continue, run the same command with --resume {run_dir}",
           file=sys.stderr, flush=True)
     return 128 + signum
+
+
+def remote_actors(run_dir: Path) -> list[str]:
+    """The actors registered with the learner that this launcher did not start (RUN/actors.json,
+    kept by the learner's rank 0; nothing before it is written)."""
+    return [a for a in read_actors(run_dir) or () if not a.startswith(("local-", "evaluator-"))]
 
 
 def exit_reason(code: int) -> str:

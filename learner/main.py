@@ -46,7 +46,7 @@ from asyncvla.learner import checkpoint, engine as ds_engine
 from asyncvla.learner.ingest import Inbox, rollout_plan
 from asyncvla.learner.metrics import Metrics, group, write_accounting
 from asyncvla.learner.publish import EmaPublisher, Publisher, trainable_finite
-from asyncvla.learner.starvation import StarvationWatch
+from asyncvla.learner.starvation import Roster, StarvationWatch
 from asyncvla.learner.update import FiniteGuard, NonFiniteError, outputs_finite, update
 
 log = logging.getLogger("asyncvla.learner")
@@ -89,12 +89,14 @@ def run(cfg: Config) -> int:
     servers = _serve(cfg, run_dir, policy_dir, endpoints, world, lambda: version, metrics, auth_key) \
         if rank == 0 else ()
     hunger = StarvationWatch(cfg.learner.starvation_timeout_s, rank, registry=servers[0].counts if servers else None)
+    roster = Roster(run_dir, servers[0].actor_ids) if servers else None
 
     def on_segment(segment, lag: int) -> None:
         metrics.add_segment(segment, lag)
         hunger.fed(segment.meta["actor_id"])
     inbox = Inbox(receiver, cfg.learner.max_policy_lag, on_segment=on_segment,
-                  watchdog=lambda: (_check_alive(servers), hunger.check()), count_gaps=world == 1)
+                  watchdog=lambda: (_check_alive(servers), hunger.check(), roster and roster.update()),
+                  count_gaps=world == 1)
     publisher = Publisher(ema, servers[1] if servers else None)
     if not _weights_finite(engine, device):
         raise SystemExit("asyncvla learner: the initial trainable weights are non-finite (policy.pretrained_path "

@@ -1,4 +1,5 @@
-"""A learner with no data says so: one line per interval while no segment arrives.
+"""A learner with no data says so: one line per interval while no segment arrives; and rank 0
+keeps the list of registered actors where the launcher can read it (`Roster`).
 
 An actor that stops sending (it hung, was stopped, lost its network, or every actor refuses the
 weights it is served) leaves the learner waiting in `Inbox.fill` without a word. This watch,
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
+from asyncvla.common.rundir import write_actors
 from asyncvla.common.sockets import printable
 
 log = logging.getLogger("asyncvla.learner")
@@ -55,3 +57,24 @@ class StarvationWatch:
         registered = "" if self.registry is None else f"; {self.registry()['alive']} actor(s) registered"
         return (f"rank {self.rank}: no segment for {silent:.0f} s (learner.starvation_timeout_s="
                 f"{self.timeout_s:g}); {heard}{registered}; training waits for data")
+
+
+class Roster:
+    """Rank 0 keeps RUN/actors.json to the actor ids registered now (rewritten when they change):
+    a launcher whose local actors have all ended reads it to tell whether remote actors still feed
+    the learner, or whether the run must stop."""
+
+    def __init__(self, run_dir, actor_ids):
+        self.run_dir, self.actor_ids = run_dir, actor_ids
+        self.written: list[str] | None = None
+
+    def update(self) -> None:
+        ids = self.actor_ids()
+        if ids == self.written:
+            return
+        try:
+            write_actors(self.run_dir, ids)
+        except OSError as e:
+            if self.written is None:      # (once: the launcher then counts no remote actor)
+                log.warning("the list of registered actors was not written: %s", e)
+        self.written = ids

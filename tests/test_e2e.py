@@ -62,7 +62,7 @@ def test_train_stops_when_every_local_actor_has_failed(tmp_path):
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     assert "actor 0 exited with 1; restart 1/1" in r.stderr
     assert "actor 0 exited with 1; not restarted (launch.max_actor_restarts=1 used up)" in r.stderr
-    assert "every local actor has ended and no actor fleet runs; stopping the run" in r.stderr
+    assert "every local actor has ended, no actor fleet runs and no remote actor is registered; stopping the run" in r.stderr
 
 
 def test_resume_from_the_checkpoints_folder_with_periodic_eval_ends_by_itself(tmp_path):

@@ -6,9 +6,10 @@ import subprocess
 import sys
 import time
 
+from asyncvla.common.rundir import read_actors
 from asyncvla.common.signals import catches
-from asyncvla.launch.train import exit_reason
-from asyncvla.learner.starvation import StarvationWatch
+from asyncvla.launch.train import exit_reason, remote_actors
+from asyncvla.learner.starvation import Roster, StarvationWatch
 
 
 class Clock:
@@ -55,6 +56,25 @@ def test_a_watch_with_timeout_zero_never_speaks_and_names_at_most_five_actors():
     line = watch.check()
     assert "a7" in line and "a3" in line and "a2" not in line and "and 3 more" in line
     assert "registered" not in line                       # ranks > 0 have no registry
+
+
+def test_the_roster_tells_the_launcher_which_remote_actors_feed_the_learner(tmp_path):
+    """Rank 0 rewrites RUN/actors.json when the registered ids change; the launcher counts those it
+    did not start (not local-*, not evaluator-*), and none before the file exists."""
+    ids = ["evaluator-h-1", "local-0"]
+    roster = Roster(tmp_path, lambda: list(ids))
+    assert remote_actors(tmp_path) == []
+    roster.update()
+    assert read_actors(tmp_path) == ["evaluator-h-1", "local-0"] and remote_actors(tmp_path) == []
+    ids.append("node-1-0")
+    roster.update()
+    assert remote_actors(tmp_path) == ["node-1-0"]
+    (tmp_path / "actors.json").write_text("{not json")
+    roster.update()                                       # (unchanged ids: not rewritten)
+    assert read_actors(tmp_path) is None and remote_actors(tmp_path) == []
+    ids.remove("node-1-0")
+    roster.update()
+    assert remote_actors(tmp_path) == [] and read_actors(tmp_path) == ["evaluator-h-1", "local-0"]
 
 
 def test_exit_reasons_name_the_signal():
