@@ -7,7 +7,7 @@ a starving learner, an evaluator SIGKILL, Ctrl-C and --resume, a learner SIGKILL
 and --resume, a launcher SIGKILL, a fake learner serving escaping file names; resumptions of copies
 of the run (another policy shape, an older checkpoint then Ctrl-C, a NaN in a saved EMA) and
 Ctrl-C during start-up; then careless configs and disks (nan/inf values, learner.lr=1e6, a
-checkpoint folder that cannot be written, a final save that fails). ~7 minutes on 2 cores.
+checkpoint folder that cannot be written, a final save that fails). ~6 minutes on 2 cores.
 
 The promises checked: no learner or actor crash, no hang, no unauthorised action, learner RSS
 within its bound, every segment the learner acked trained on, dropped for a counted reason or

@@ -12,7 +12,7 @@ SIGKILL, a fake learner serving escaping file names; resumptions with another po
 an older checkpoint then Ctrl-C, from one with a NaN in its EMA; Ctrl-C during start-up; then
 careless configs and disks: nan/inf config values, a diverging run (learner.lr=1e6), a checkpoint
 folder that cannot be written, a final save that fails. --quick runs the suite of `make test`
-(tests/test_faults.py, 1 rank, 5 rounds of lies, 30 s of churn, 1 learner kill; ~7 minutes).
+(tests/test_faults.py, 1 rank, 5 rounds of lies, 30 s of churn, 1 learner kill; ~6 minutes).
 
 The figures: crashes, hangs, unauthorised actions and unaccounted segments (each goal 0), the
 learner's RSS growth under attack against its bound, the processes left 5 s after the launcher's
