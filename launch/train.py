@@ -191,9 +191,9 @@ def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
             return stop_learner(cfg, run_dir, learner, list(actors.values()), evaluator, children, stop,
                                 stop_grace_s)
         if learner.returncode != 0:
-            print(f"asyncvla: the learner exited with {learner.returncode} (see its error above); "
+            print(f"asyncvla: the learner {exit_reason(learner.returncode)} (see its error above); "
                   f"{resume_hint(run_dir)}", file=sys.stderr, flush=True)
-            return learner.returncode
+            return 1
         # the learner told the actors it is done: let them finish, and the evaluator its last evaluation
         _wait_all(list(actors.values()), timeout=20.0, stop=stop)
         if fleet is not None:
@@ -235,9 +235,9 @@ def stop_learner(cfg: Config, run_dir: Path, learner, actors: list, evaluator, c
                 asked.add(pid)
         time.sleep(0.2)
     if learner.returncode != 0:
-        print(f"asyncvla: the learner exited with {learner.returncode} while stopping; {resume_hint(run_dir)}",
+        print(f"asyncvla: the learner {exit_reason(learner.returncode)} while stopping; {resume_hint(run_dir)}",
               file=sys.stderr, flush=True)
-        return learner.returncode
+        return 1
     _wait_all(actors, timeout=20.0, stop=stop)        # they end on the learner's "shutdown"
     end, name = read_end(run_dir), signal.Signals(stop.first).name
     if end is None:
@@ -281,8 +281,9 @@ def remote_actors(run_dir: Path) -> list[str]:
 
 
 def exit_reason(code: int) -> str:
-    """'exited with 1', 'exited with 143 (SIGTERM)', 'exited with -9 (SIGKILL)'."""
-    number = -code if code < 0 else code - 128 if code > 128 else None
+    """'exited with 1', 'exited with 143 (SIGTERM)', 'exited with -9 (SIGKILL)', and 'exited with
+    247 (SIGKILL)' (the deepspeed launcher passes a rank's -9 on as an unsigned byte)."""
+    number = -code if code < 0 else 256 - code if code > 192 else code - 128 if code > 128 else None
     try:
         return f"exited with {code}" + (f" ({signal.Signals(number).name})" if number else "")
     except ValueError:

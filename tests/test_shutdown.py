@@ -34,6 +34,14 @@ def run_overrides(tmp_path, name: str, *extra: str) -> list[str]:
                      "launch.num_local_actors=1", "eval.eval_interval=100000", "eval.num_episodes=2", *extra)
 
 
+def interrupt(train) -> tuple[int, dict]:
+    """Ctrl-C to a running `asyncvla train`: its exit code, and its process tree as it was then
+    (what must be gone afterwards)."""
+    procs = tree(train.pid)
+    train.send_signal(signal.SIGINT)
+    return train.wait(timeout=STOP_GRACE_S + 30), procs
+
+
 def trained(run, steps: int):
     return lambda: (run / "tb").is_dir() and max(scalars(run, "rollout/version").values(), default=0) >= steps
 
@@ -182,9 +190,7 @@ def test_a_stopped_actor_is_restarted_a_killed_evaluator_too_and_a_starving_lear
                  "the evaluator's restart", [train])
         done = max(scalars(run, "rollout/version").values())
         wait_for(trained(run, done + 2), 240, "two more updates from the restarted actor", [train])
-        procs = tree(train.pid)
-        train.send_signal(signal.SIGINT)
-        code = train.wait(timeout=STOP_GRACE_S + 30)
+        code, procs = interrupt(train)
     finally:
         stop(train)
         kill_left(procs)
@@ -211,9 +217,7 @@ def test_ctrl_c_during_start_up_ends_the_run_with_130_and_one_line(tmp_path):
                 wait_for(lambda: ready(tree(train.pid)), 120, "a learner rank process", [train])
             else:
                 wait_for(lambda: "no actor has sent one yet" in log.read_text(), 240, "the starvation line", [train])
-            procs = tree(train.pid)
-            train.send_signal(signal.SIGINT)
-            code = train.wait(timeout=STOP_GRACE_S + 30)
+            code, procs = interrupt(train)
         finally:
             stop(train)
             kill_left(procs)

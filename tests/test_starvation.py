@@ -82,6 +82,7 @@ def test_exit_reasons_name_the_signal():
     assert exit_reason(143) == "exited with 143 (SIGTERM)"
     assert exit_reason(130) == "exited with 130 (SIGINT)"
     assert exit_reason(-9) == "exited with -9 (SIGKILL)"
+    assert exit_reason(247) == "exited with 247 (SIGKILL)"
 
 
 def test_catches_tells_a_process_with_a_handler_from_one_still_starting():
