@@ -2,6 +2,10 @@
 
     episodes, stats = collect_demos(cfg, num_episodes=100, action_noise=0.3, seed=7)
 
+Demonstrators: the pixel task's oracle, and the scripted experts of ManiSkill tasks
+(actors/experts.py, e.g. PushCube-v1 in pd_ee_delta_pos), which read the simulator's privileged
+state inside each env's process; the recorded observations are the policy's (image, robot state).
+
 The demonstrator acts one env step at a time (the env is built with chunks of one step, so every
 step's observation is recorded). With `action_noise` p, each step executes a uniformly random
 action with probability p while the demonstrator's own action stays the label: the demos then
@@ -19,19 +23,19 @@ import numpy as np
 from asyncvla.actors.envs import PIXEL_REACH_ID, make_env
 from asyncvla.actors.envs.base import episode_seed
 from asyncvla.actors.envs.pixel_task import scripted_actions
+from asyncvla.actors.experts import expert_for
 from asyncvla.common.demos import DemoEpisode
 
-# env id -> demonstrator(env, action_dim) -> actions float32 [B, 1, D] for the current step
-DEMONSTRATORS: dict[str, Callable] = {
-    PIXEL_REACH_ID: lambda env, action_dim: scripted_actions(env, 1, action_dim),
-}
+# demonstrator(env, action_dim) -> actions float32 [B, 1, D] for the current step
+Demonstrator = Callable[[object, int], np.ndarray]
 
 
-def demonstrator_for(env_id: str) -> Callable:
-    if env_id not in DEMONSTRATORS:
-        raise ValueError(f"env.id={env_id!r} has no demonstrator; `asyncvla collect` has one for: "
-                         f"{', '.join(sorted(DEMONSTRATORS))}")
-    return DEMONSTRATORS[env_id]
+def demonstrator_for(env_cfg) -> Demonstrator:
+    """The env's demonstrator, or a ValueError naming the keys and what is allowed."""
+    if env_cfg.id == PIXEL_REACH_ID:
+        return lambda env, action_dim: scripted_actions(env, 1, action_dim)
+    expert_for(env_cfg.id, env_cfg.control_mode)          # (checked here, before any env starts)
+    return lambda env, action_dim: env.expert_actions()[:, None]
 
 
 def collect_demos(cfg, num_episodes: int, action_noise: float, seed: int, num_envs: int = 16,
@@ -42,7 +46,7 @@ def collect_demos(cfg, num_episodes: int, action_noise: float, seed: int, num_en
     Gives up (ValueError) when 4x the wanted number of episodes yields too few successes."""
     if not 0.0 <= action_noise <= 1.0:
         raise ValueError(f"action_noise={action_noise} must lie in [0, 1]")
-    demonstrate = demonstrator_for(cfg.env.id)
+    demonstrate = demonstrator_for(cfg.env)
     D = cfg.policy.action_dim
     env_cfg = dataclasses.replace(cfg.env, auto_reset=False, use_fixed_reset_state_ids=False)
     num_envs = max(1, min(num_envs, num_episodes))

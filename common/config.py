@@ -287,12 +287,17 @@ class EvalConfig:
 # ----------------------------------------------------------------------------- demonstrations
 @dataclass
 class CollectConfig:
+    method: str = opt("scripted", "who demonstrates: scripted (the pixel task's oracle, or a ManiSkill task's "
+                      "scripted expert reading the privileged state, in the control mode RL uses: "
+                      "actors/experts.py) or motion_planning (ManiSkill's planner, converted to "
+                      "env.control_mode)", choices=["scripted", "motion_planning"])
     num_episodes: int = opt(200, "successful demonstration episodes to record", ge=1)
     action_noise: float = opt(0.3, "probability that a step executes a random action instead of the "
                               "demonstrator's (whose action stays the label): demos then cover states "
                               "off the demonstrator's path", ge=0.0, le=1.0)
     num_envs: int = opt(16, "envs stepped together while collecting (the pixel task's oracle)", ge=1)
-    num_procs: int = opt(2, "worker processes planning and converting ManiSkill demonstrations", ge=1)
+    num_procs: int = opt(2, "worker processes of ManiSkill demonstrations (scripted: one env each; "
+                         "motion_planning: planning and converting)", ge=1)
     seed: int = opt(7, "base seed of the demonstration episodes (apart from training's and "
                     "evaluation's)", ge=0)
 

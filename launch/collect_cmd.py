@@ -1,11 +1,17 @@
 """`asyncvla collect CONFIG --episodes N --out DIR`: record demonstrations for supervised fine-tuning.
 
-PixelReach-v0: the scripted oracle (heads straight for the target), with `collect.action_noise`
-of its steps replaced by random actions while its own action stays the label.
-ManiSkill tasks: ManiSkill's own motion-planning solutions (PushCube-v1, PickCube-v1, ...), in
-collect.num_procs processes, converted to env.control_mode with RGB by ManiSkill's replay tool,
-which keeps only episodes that replay to success (actors/motion_planning.py; the raw plans stay
-in DIR/raw). Only successful episodes are kept. The output is ManiSkill's trajectory format,
+collect.method=scripted (the default):
+  PixelReach-v0: the oracle (heads straight for the target);
+  ManiSkill tasks with a scripted expert (PushCube-v1, in env.control_mode=pd_ee_delta_pos): the
+  expert reads the privileged object and goal poses (the policy never does) and acts in the
+  control mode RL uses; one env per worker process (collect.num_procs).
+  Either way `collect.action_noise` of the steps execute a random action while the
+  demonstrator's own action stays the label.
+collect.method=motion_planning: ManiSkill's own motion-planning solutions (PushCube-v1,
+  PickCube-v1, ...), in collect.num_procs processes, converted to env.control_mode with RGB by
+  ManiSkill's replay tool, which keeps only episodes that replay to success
+  (actors/motion_planning.py; the raw plans stay in DIR/raw).
+Only successful episodes are kept; the line at the end gives their share. The output is ManiSkill's trajectory format,
 DIR/trajectory.h5 + DIR/trajectory.json, with images at the policy's size (policy.image_size), the
 instruction of each episode and its seed; `asyncvla sft CONFIG sft.data=DIR` reads it.
 """
@@ -42,7 +48,8 @@ def run(args) -> int:
         print(f"asyncvla collect: {e}", file=sys.stderr)
         return 2
     converted = f"{stats['converted']} replayed to success in {cfg.env.control_mode}, " if "converted" in stats else ""
-    print(f"asyncvla collect: {stats['attempted']} episodes attempted, {stats['solved']} solved, {converted}"
+    share = f" ({100 * stats['solved'] / stats['attempted']:.1f} %)" if stats["attempted"] else ""
+    print(f"asyncvla collect: {stats['attempted']} episodes attempted, {stats['solved']} solved{share}, {converted}"
           f"{stats['kept']} kept ({stats['steps']} steps) -> {args.out}")
     return 0
 
@@ -58,11 +65,17 @@ def collect(cfg, out_dir) -> dict:
     from asyncvla.common.demos import write_demos
 
     c = cfg.collect
-    if cfg.env.id == PIXEL_REACH_ID:
+    if c.method == "motion_planning" and cfg.env.id == PIXEL_REACH_ID:
+        raise ValueError(f"collect.method=motion_planning is for ManiSkill tasks; {PIXEL_REACH_ID} has a "
+                         "scripted oracle: collect.method=scripted")
+    if c.method == "scripted":
+        # (ManiSkill: one env, so one worker process, per collect.num_procs)
+        num_envs = c.num_envs if cfg.env.id == PIXEL_REACH_ID else c.num_procs
         with tqdm(total=c.num_episodes, desc="collect", unit="episode", dynamic_ncols=True) as bar:
-            episodes, stats = collect_demos(cfg, c.num_episodes, c.action_noise, c.seed, c.num_envs,
+            episodes, stats = collect_demos(cfg, c.num_episodes, c.action_noise, c.seed, num_envs,
                                             progress=bar.update)
-        source = ("scripted", f"scripted demonstrator of {cfg.env.id}, action_noise={c.action_noise}")
+        source = ("scripted", f"scripted demonstrator of {cfg.env.id} in {cfg.env.control_mode}, "
+                              f"action_noise={c.action_noise}")
     else:
         from asyncvla.actors.motion_planning import check_task, collect_motion_planning
         check_task(cfg.env.id)

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from asyncvla.actors.collect import collect_demos, demonstrator_for, env_info
+from asyncvla.actors.experts import push_cube_action
 from asyncvla.actors.envs.pixel_task import PixelReachEnv
-from asyncvla.common.config import load_config
+from asyncvla.common.config import EnvConfig, load_config
 from asyncvla.actors.envs.maniskill import flat_state
 from asyncvla.common.demos import DemoError, DemoSpec, find_files, flat_states, read_demos, write_demos
 
@@ -61,7 +62,7 @@ def test_labels_are_what_the_oracle_does_in_the_recorded_state(demo_dir):
     env._seeds.take = lambda i: ep.seed     # noqa: SLF001 (the next reset draws the recorded episode)
     obs = env.reset()
     assert (obs["image"][0] == ep.images[0]).all()
-    oracle = demonstrator_for("PixelReach-v0")
+    oracle = demonstrator_for(EnvConfig(id="PixelReach-v0"))
     for t in range(ep.num_steps):
         assert np.allclose(oracle(env, 2)[0, 0], ep.actions[t])
         step = env.step_chunk(ep.executed_actions[t][None, None])
@@ -212,5 +213,23 @@ def test_sft_command_on_a_corrupt_file_prints_one_line(tmp_path, demo_dir):
 
 
 def test_collect_without_a_demonstrator_names_the_envs_that_have_one():
-    with pytest.raises(ValueError, match="PixelReach-v0"):
-        demonstrator_for("OpenCabinetDrawer-v1")
+    with pytest.raises(ValueError, match="there is one for PushCube-v1.*motion_planning"):
+        demonstrator_for(EnvConfig(id="OpenCabinetDrawer-v1"))
+    with pytest.raises(ValueError, match="acts in env.control_mode='pd_ee_delta_pos', not 'pd_ee_delta_pose'"):
+        demonstrator_for(EnvConfig(id="PushCube-v1", control_mode="pd_ee_delta_pose"))
+
+
+def test_the_push_cube_expert_goes_behind_the_cube_then_down_then_pushes_to_the_goal():
+    """The expert's decision on positions alone (no simulator): from above the table it heads for
+    the spot 5 cm behind the cube at 6 cm height; over that spot it goes down; low behind the cube
+    it pushes +x, steering y back onto the cube's line; the hand stays closed throughout."""
+    cube, goal = np.array([0.0, 0.05, 0.02]), np.array([0.2, 0.05, 0.001])
+    far = push_cube_action([0.2, -0.1, 0.18], cube, goal)
+    assert far.dtype == np.float32 and far.shape == (4,) and far[3] == -1.0
+    assert far[0] < 0 and far[1] > 0 and far[2] < 0 and np.abs(far).max() <= 1.0   # toward (-0.07, 0.05, 0.06)
+    above = push_cube_action([-0.07, 0.05, 0.06], cube, goal)
+    assert np.allclose(above[:2], 0.0) and above[2] == pytest.approx(-0.4)          # straight down to 2 cm
+    push = push_cube_action([-0.06, 0.055, 0.02], cube, goal)
+    assert push[0] == 1.0 and push[1] == pytest.approx(-0.05) and push[2] == 0.0
+    beside = push_cube_action([0.01, 0.12, 0.02], cube, goal)                         # low but not behind it
+    assert beside[2] > 0 and beside[0] < 0                                            # up and back round

@@ -218,3 +218,35 @@ def test_batched_env_matches_the_cpu_path(pick):
         assert batched.render_frames().shape == (1, 128, 128, 3)
     finally:
         batched.close()
+
+
+def test_scripted_push_cube_demos_in_the_rl_control_mode(tmp_path):
+    """`asyncvla collect` with collect.method=scripted on PushCube-v1: the expert, reading the
+    privileged poses inside the env's worker, solves every episode in pd_ee_delta_pos in well
+    under the motion planner's ~70 steps; the file holds the policy's observations (64 px image,
+    robot state) and the clean 4-D labels, each episode ending in success."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from asyncvla.common.demos import DemoSpec, read_demos
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "demos"
+    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "collect", str(repo / "configs/maniskill.yaml"),
+                        "collect.method=scripted", "env.control_mode=pd_ee_delta_pos", "policy.action_dim=4",
+                        "collect.action_noise=0.1", "collect.num_procs=1", "--episodes", "2", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "2 kept" in r.stdout and "solved (100.0 %)" in r.stdout, r.stdout
+    meta = json.loads((out / "trajectory.json").read_text())
+    assert meta["env_info"]["env_kwargs"]["control_mode"] == "pd_ee_delta_pos"
+    assert meta["source_type"] == "scripted"
+    episodes = read_demos(out, DemoSpec(action_dim=4, control_mode="pd_ee_delta_pos", state_dim=25,
+                                        env_id="PushCube-v1"))     # (what SFT reads: the 25-D robot state)
+    assert len(episodes) == 2
+    for ep in episodes:
+        assert ep.actions.shape[1] == 4 and np.abs(ep.actions).max() <= 1.0 and (ep.actions[:, 3] == -1).all()
+        assert ep.success[-1] and ep.num_steps < 40
+        assert ep.images.shape[1:] == (64, 64, 3) and len(ep.images) == ep.num_steps + 1

@@ -117,6 +117,12 @@ class EpisodeRunner:
         """The camera image of the current observation at its own resolution."""
         return self._frame
 
+    def expert_action(self) -> np.ndarray:
+        """float32 [D]: the task's scripted expert's action in the current state (actors/experts.py:
+        it reads the privileged state, for demonstrations only)."""
+        from asyncvla.actors.experts import expert_for
+        return expert_for(self.spec.env_id, self.spec.control_mode).act(self.base)
+
     def close(self) -> None:
         self.env.close()
 
@@ -238,8 +244,15 @@ class ManiSkillCPUEnv:
 
     def render_frames(self) -> np.ndarray:
         """uint8 [B,h,w,3]: each env's camera image at the camera's own resolution."""
+        return self._ask_all("frame")
+
+    def expert_actions(self) -> np.ndarray:
+        """float32 [B,D]: each env's scripted expert action (demonstrations only)."""
+        return self._ask_all("expert_action")
+
+    def _ask_all(self, method: str) -> np.ndarray:
         for env in self._envs:
-            env.send("frame")
+            env.send(method)
         return np.stack([env.recv(STEP_TIMEOUT_S) for env in self._envs])
 
     def close(self) -> None:
