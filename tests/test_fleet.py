@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -56,10 +57,16 @@ def hosts(tmp_path_factory):
     multinode._kill_leftovers(str(tmp))
 
 
-def start_train(tmp: Path, name: str, host_lines: list[str] | None, overrides: list[str]) -> tuple[subprocess.Popen, Path]:
-    """`asyncvla train` with CURVE keys on free ports, its actors from `host_lines` (--actor-hostfile)."""
+def pick_ports(tmp: Path) -> tuple[int, ...]:
+    """(control, weights, trajectory, master) ports, free and apart from the private sshd's."""
     ssh_port = int((tmp / "ssh_port").read_text())      # (free on 127.0.0.1, not on the hosts' addresses)
-    control, weights, trajectory, master = next(p for p in iter(lambda: free_ports(4), None) if ssh_port not in p)
+    return next(p for p in iter(lambda: free_ports(4), None) if ssh_port not in p)
+
+
+def start_train(tmp: Path, name: str, host_lines: list[str] | None, overrides: list[str],
+                ports: tuple[int, ...] | None = None) -> tuple[subprocess.Popen, Path]:
+    """`asyncvla train` with CURVE keys on free ports, its actors from `host_lines` (--actor-hostfile)."""
+    control, weights, trajectory, master = ports or pick_ports(tmp)
     fleet = []
     if host_lines:
         hostfile = tmp / f"{name}.hosts"
@@ -90,16 +97,29 @@ def start_fleet(tmp: Path, name: str, control: str, run: Path, slots: int = 1, e
                                 env=dict(os.environ, DS_ENV_FILE=str(tmp / "deepspeed_env")))
 
 
+def stop_fleet(fleet: subprocess.Popen) -> None:
+    """What a failed test leaves of `asyncvla actors`: Ctrl-C (it stops every host's actors), then
+    SIGKILL. (It shares the test's process group: no signal to the group.)"""
+    if fleet.poll() is None:
+        fleet.send_signal(signal.SIGINT)
+        try:
+            fleet.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            fleet.kill()
+            fleet.wait()
+
+
 def wait_for(log: Path, pattern: str, proc: subprocess.Popen, timeout: float = 240) -> re.Match:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        m = re.search(pattern, log.read_text(errors="replace"))
+        m = re.search(pattern, log.read_text(errors="replace") if log.exists() else "")   # (not yet written)
         if m:
             return m
         if proc.poll() is not None:
             break
         time.sleep(0.3)
-    raise AssertionError(f"no {pattern!r} in the log (exit {proc.poll()}):\n{log.read_text(errors='replace')[-4000:]}")
+    text = log.read_text(errors="replace") if log.exists() else f"({log} not written)"
+    raise AssertionError(f"no {pattern!r} in the log (exit {proc.poll()}):\n{text[-4000:]}")
 
 
 def processes_naming(marker: str) -> list[str]:
@@ -197,19 +217,26 @@ def test_fleets_on_two_hosts_train_to_the_budget_and_leave_nothing(hosts):
     """`asyncvla actors` beside a learner started apart: its hosts' actors join and train it."""
     from asyncvla.launch.keygen import generate
     generate(hosts / "keys", 2)                # (the learner reads its authorized clients at start)
-    proc, log = start_train(hosts, "budget", None, ["learner.max_steps=6"])
-    run = hosts / "runs" / "budget"
+    run, ports = hosts / "runs" / "budget", pick_ports(hosts)
     fleet_log = hosts / "budget-actors.log"                 # (start_fleet's)
+    # The fleet first, its actors waiting for the learner: an actor that joined only after the
+    # budget was spent (a host slow to start) would wait for ever, and its host with it.
+    fleet = start_fleet(hosts, "budget", f"tcp://{socket.gethostname()}:{ports[0]}", run, slots=4,
+                        extra=["--per-host", "1"])
+    proc = None
     try:
-        control = wait_for(log, r"actors join at (\S+)", proc).group(1)
-        fleet = start_fleet(hosts, "budget", control, run, slots=4, extra=["--per-host", "1"])
+        for host in HOSTS:
+            wait_for(run / "actors" / host / "actor_0.log", r"no answer from the learner", fleet)
+        proc, log = start_train(hosts, "budget", None, ["learner.max_steps=20"], ports)
         code = proc.wait(timeout=300)
         fleet_code = fleet.wait(timeout=60)
     finally:
-        multinode._stop_group(proc)
+        stop_fleet(fleet)
+        if proc is not None:
+            multinode._stop_group(proc)
     text = log.read_text(errors="replace")
     assert code == 0, text[-4000:]
-    assert "finished at step 6" in text
+    assert "finished at step 20" in text
     text = fleet_log.read_text(errors="replace")
     assert fleet_code == 0, text
     for host in HOSTS:
