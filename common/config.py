@@ -287,10 +287,11 @@ class EvalConfig:
 # ----------------------------------------------------------------------------- demonstrations
 @dataclass
 class CollectConfig:
-    method: str = opt("scripted", "who demonstrates: scripted (the pixel task's oracle, or a ManiSkill task's "
+    method: str = opt("auto", "who demonstrates: scripted (the pixel task's oracle, or a ManiSkill task's "
                       "scripted expert reading the privileged state, in the control mode RL uses: "
-                      "actors/experts.py) or motion_planning (ManiSkill's planner, converted to "
-                      "env.control_mode)", choices=["scripted", "motion_planning"])
+                      "actors/experts.py), motion_planning (ManiSkill's planner, converted to "
+                      "env.control_mode), or auto (scripted for the pixel task, motion_planning for "
+                      "ManiSkill tasks)", choices=["auto", "scripted", "motion_planning"])
     num_episodes: int = opt(200, "successful demonstration episodes to record", ge=1)
     action_noise: float = opt(0.3, "probability that a step executes a random action instead of the "
                               "demonstrator's (whose action stays the label): demos then cover states "

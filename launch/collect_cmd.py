@@ -1,16 +1,16 @@
 """`asyncvla collect CONFIG --episodes N --out DIR`: record demonstrations for supervised fine-tuning.
 
-collect.method=scripted (the default):
+collect.method=scripted (the pixel task's, and `auto`'s there):
   PixelReach-v0: the oracle (heads straight for the target);
   ManiSkill tasks with a scripted expert (PushCube-v1, in env.control_mode=pd_ee_delta_pos): the
   expert reads the privileged object and goal poses (the policy never does) and acts in the
   control mode RL uses; one env per worker process (collect.num_procs).
   Either way `collect.action_noise` of the steps execute a random action while the
   demonstrator's own action stays the label.
-collect.method=motion_planning: ManiSkill's own motion-planning solutions (PushCube-v1,
-  PickCube-v1, ...), in collect.num_procs processes, converted to env.control_mode with RGB by
-  ManiSkill's replay tool, which keeps only episodes that replay to success
-  (actors/motion_planning.py; the raw plans stay in DIR/raw).
+collect.method=motion_planning (`auto`'s for ManiSkill tasks): ManiSkill's own motion-planning
+  solutions (PushCube-v1, PickCube-v1, ...), in collect.num_procs processes, converted to
+  env.control_mode with RGB by ManiSkill's replay tool, which keeps only episodes that replay to
+  success (actors/motion_planning.py; the raw plans stay in DIR/raw).
 Only successful episodes are kept; the line at the end gives their share. The output is ManiSkill's trajectory format,
 DIR/trajectory.h5 + DIR/trajectory.json, with images at the policy's size (policy.image_size), the
 instruction of each episode and its seed; `asyncvla sft CONFIG sft.data=DIR` reads it.
@@ -65,10 +65,11 @@ def collect(cfg, out_dir) -> dict:
     from asyncvla.common.demos import write_demos
 
     c = cfg.collect
-    if c.method == "motion_planning" and cfg.env.id == PIXEL_REACH_ID:
+    method = c.method if c.method != "auto" else "scripted" if cfg.env.id == PIXEL_REACH_ID else "motion_planning"
+    if method == "motion_planning" and cfg.env.id == PIXEL_REACH_ID:
         raise ValueError(f"collect.method=motion_planning is for ManiSkill tasks; {PIXEL_REACH_ID} has a "
                          "scripted oracle: collect.method=scripted")
-    if c.method == "scripted":
+    if method == "scripted":
         # (ManiSkill: one env, so one worker process, per collect.num_procs)
         num_envs = c.num_envs if cfg.env.id == PIXEL_REACH_ID else c.num_procs
         with tqdm(total=c.num_episodes, desc="collect", unit="episode", dynamic_ncols=True) as bar:
