@@ -124,6 +124,10 @@ class PolicyConfig:
                              "none, or cnn (a small CNN of its own on the image; a VLM with no robot "
                              "pretraining barely tells scenes apart, and its critic then learns nothing)",
                              choices=["none", "cnn"])
+    cnn_image_tokens: int = opt(0, "prompt tokens from a small CNN of the policy's own on the image, "
+                                "a g x g grid of its feature map after the state token (0 = none): a "
+                                "random-init ViT learns where a small object is far more slowly than "
+                                "a CNN", choices=[0, 1, 4, 16, 64])
     state_dim: int = opt(0, "proprio dims S the policy reads as one extra prompt token (0 = none; "
                          "must equal the env's state_dim when env.use_proprio)", ge=0)
     init_seed: int = opt(0, "seed of the tiny backbone's random init and of the LoRA / value-head init "
@@ -328,6 +332,8 @@ class SFTConfig:
     eval_episodes: int = opt(64, "episodes per success evaluation (fixed initial states)", ge=1)
     save_interval: int = opt(100, "checkpoint every this many steps (a rerun continues from the "
                              "latest complete one)", ge=1)
+    augment_shift: int = opt(0, "random-shift augmentation: pad each training image by this many "
+                             "edge pixels and crop it back at a random offset (DrQ; 0 = none)", ge=0)
     seed: int = opt(0, "seed of the split and of the minibatch order", ge=0)
 
 

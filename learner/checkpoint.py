@@ -73,7 +73,8 @@ TAG_RE = re.compile(r"^step_(\d{8,})$")
 FIXED_ON_RESUME = ("policy.backbone", "policy.image_size", "policy.action_dim", "policy.num_action_chunks",
                    "policy.n_bins", "policy.action_low", "policy.action_high", "policy.action_head",
                    "policy.max_instruction_tokens", "policy.state_dim", "policy.is_lora", "policy.lora_rank",
-                   "policy.lora_target_modules", "policy.value_head_hidden", "policy.value_encoder")
+                   "policy.lora_target_modules", "policy.value_head_hidden", "policy.value_encoder",
+                   "policy.cnn_image_tokens")
 
 
 class CheckpointError(ConfigError):

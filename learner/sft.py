@@ -34,7 +34,8 @@ from asyncvla.common.rundir import run_dir
 from asyncvla.common.trackers import open_trackers
 from asyncvla.learner import checkpoint, engine as ds_engine
 from asyncvla.learner.publish import gather_trainable
-from asyncvla.learner.sft_data import SFTSamples, action_range_q99, build_samples, split_by_episode
+from asyncvla.learner.sft_data import (SFTSamples, action_range_q99, build_samples, random_shift,
+                                       split_by_episode)
 
 log = logging.getLogger("asyncvla.sft")
 
@@ -122,7 +123,7 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
     while step < sc.steps:
         batch = rng.choice(len(train), sc.batch_size, replace=len(train) < sc.batch_size)
         mine = batch[rank * per_rank:(rank + 1) * per_rank]      # every rank draws the same batch
-        stats = _train_step(engine, train, mine, ids, mask, tokenizer, cfg, accum)
+        stats = _train_step(engine, train, mine, ids, mask, tokenizer, cfg, accum, rng)
         step += 1
         if writer is not None:
             for k, v in stats.items():
@@ -178,23 +179,28 @@ def _tokenize(policy, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return ids[index], mask[index]
 
 
-def _forward(engine, data: SFTSamples, index, ids, mask, tokenizer, cfg: Config):
-    """Teacher-forced pass over samples `index` of `data` (ids/mask are indexed by data's rows)."""
+def _forward(engine, data: SFTSamples, index, ids, mask, tokenizer, cfg: Config, rng=None):
+    """Teacher-forced pass over samples `index` of `data` (ids/mask are indexed by data's rows);
+    with `rng` (training), images get sft.augment_shift."""
     device = next(engine.module.parameters()).device
     tokens = tokenizer.encode(data.actions[index].reshape(len(index), -1))
     t = lambda x: torch.as_tensor(np.ascontiguousarray(x), device=device)   # noqa: E731
     state = None if data.states is None else t(data.states[index])
-    out = engine(t(data.images[index]), t(ids[index]), t(mask[index]), state, t(tokens), "token_level",
+    images = data.images[index]
+    if rng is not None:
+        images = random_shift(images, cfg.sft.augment_shift, rng)
+    out = engine(t(images), t(ids[index]), t(mask[index]), state, t(tokens), "token_level",
                  temperature=1.0)
     return out, t(tokens), t(data.returns[index]).float()
 
 
-def _train_step(engine, data: SFTSamples, index, ids, mask, tokenizer, cfg: Config, accum: int) -> dict:
+def _train_step(engine, data: SFTSamples, index, ids, mask, tokenizer, cfg: Config, accum: int,
+                rng: np.random.Generator) -> dict:
     engine.train()
     sums = {"loss": 0.0, "value_loss": 0.0, "token_accuracy": 0.0}
     micro = np.array_split(index, accum)
     for rows in micro:
-        out, tokens, returns = _forward(engine, data, rows, ids, mask, tokenizer, cfg)
+        out, tokens, returns = _forward(engine, data, rows, ids, mask, tokenizer, cfg, rng)
         loss, stats = sft_loss(out.logprobs, out.values, returns, cfg.sft.value_loss_coef)
         engine.backward(loss * (len(rows) * accum / len(index)))     # DeepSpeed divides by accum
         engine.step()

@@ -102,6 +102,20 @@ def build_samples(episodes: list[DemoEpisode], K: int, gamma: float, reward_type
                       np.concatenate(states) if states else None)
 
 
+def random_shift(images: np.ndarray, pad: int, rng: np.random.Generator) -> np.ndarray:
+    """DrQ's augmentation: each image [n, H, W, C] padded by `pad` edge pixels on every side and
+    cropped back to H x W at an offset drawn uniformly from [0, 2 * pad] per image and axis. The
+    gathers index the padded batch directly (one copy, no loop over images)."""
+    if pad == 0:
+        return images
+    n, h, w, _ = images.shape
+    padded = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode="edge")
+    dy, dx = rng.integers(0, 2 * pad + 1, size=(2, n))
+    rows = (dy[:, None] + np.arange(h))[:, :, None]            # [n, H, 1]
+    cols = (dx[:, None] + np.arange(w))[:, None, :]            # [n, 1, W]
+    return padded[np.arange(n)[:, None, None], rows, cols]
+
+
 def split_by_episode(samples: SFTSamples, num_episodes: int, val_fraction: float,
                      seed: int) -> tuple[SFTSamples, SFTSamples | None]:
     """Hold out whole episodes (steps of one episode are near-duplicates: splitting steps would leak)."""

@@ -23,8 +23,9 @@ import pytest
 from tests.ports import run_port_overrides
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = ["collect.num_episodes=2", "collect.num_procs=1", "sft.steps=12", "sft.eval_episodes=2",
-         "sft.save_interval=6", "env.max_episode_steps=12", "learner.max_steps=8", "learner.max_time_s=null",
+SMALL = ["collect.method=scripted", "env.control_mode=pd_ee_delta_pos", "policy.action_dim=4",
+         "collect.action_noise=0.1", "collect.num_episodes=2", "collect.num_procs=1", "sft.steps=12", "sft.eval_episodes=2",
+         "sft.save_interval=6", "env.max_episode_steps=24", "learner.max_steps=8", "learner.max_time_s=null",
          "checkpoint.save_interval=2", "eval.eval_interval=4", "eval.num_episodes=2", "eval.save_video=false",
          "logging.progress=false", "logging.experiment_name=ms"]
 
@@ -57,11 +58,14 @@ def test_maniskill_pipeline_runs_every_stage_resumes_after_ctrl_c_and_caches(tmp
     assert "Traceback" not in first and "after RL" not in first, first[-3000:]
     assert not (run_dir / "summary.json").exists()
 
-    # The demos carry the robot's state as ManiSkill records it; SFT read it (policy.state_dim=25).
+    # The scripted expert's demos: in the RL control mode (4-D actions), one frame and one robot
+    # state per step plus the last; SFT read the state (policy.state_dim=25).
     with h5py.File(run_dir / "demos" / "trajectory.h5") as f:
-        g = f["traj_0/obs"]
-        assert g["agent/qpos"].shape[1] == 9 and g["extra/tcp_pose"].shape[1] == 7
-        assert len(g["agent/qpos"]) == len(g["sensor_data/base_camera/rgb"])
+        g = f["traj_0"]
+        assert g["actions"].shape[1] == 4
+        assert g["obs/agent/state"].shape == (len(g["actions"]) + 1, 25)
+        assert len(g["obs/sensor_data/base_camera/rgb"]) == len(g["actions"]) + 1
+    assert "kept 2 of" in first or "solved" in first, first[-3000:]
     policy = json.loads((run_dir / "sft" / "policy" / "policy.json").read_text())
     assert policy["policy"]["state_dim"] == 25
 

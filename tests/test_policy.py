@@ -555,6 +555,29 @@ def test_cnn_value_encoder_reads_the_image_ships_with_the_heads_and_round_trips(
     assert q.cfg.value_encoder == "cnn" and torch.equal(q.value(image, ids, mask), v)
 
 
+@pytest.mark.parametrize("head", ["autoregressive", "parallel"])
+def test_cnn_image_tokens_read_the_image_train_under_lora_and_round_trip(tmp_path, head):
+    cfg = PolicyConfig(cnn_image_tokens=4, action_head=head, lora_rank=4)
+    p = perturb(VLAPolicy.build(cfg), seed=3)
+    assert any(n.startswith("image_tokens.") for n in p.trainable_state_dict())   # trained and published
+    image, ids, mask = observation(p)
+    out = p.act(image, ids, mask, generator=torch.Generator().manual_seed(0))
+    ev = evaluate_np(p, image, ids, mask, out.action_tokens)
+    assert np.abs(ev[0] - out.logprobs).max() <= 1e-5                          # act and evaluate agree
+    # the tokens carry the image: changing the CNN alone moves the action distribution
+    with torch.no_grad():
+        p.image_tokens.proj.bias.add_(0.5)
+    moved = evaluate_np(p, image, ids, mask, out.action_tokens)
+    assert np.abs(moved[0] - ev[0]).max() > 1e-4
+    p.save_pretrained(tmp_path / "p")
+    q = VLAPolicy.from_pretrained(tmp_path / "p")
+    assert q.cfg.cnn_image_tokens == 4
+    assert np.array_equal(evaluate_np(q, image, ids, mask, out.action_tokens)[0], moved[0])
+    with pytest.raises(ValueError, match="cnn_image_tokens=4"):
+        VLAPolicy.build(PolicyConfig(pretrained_path=str(tmp_path / "p"), cnn_image_tokens=16, lora_rank=4,
+                                     action_head=head))
+
+
 def test_sincos_position_init_makes_patch_positions_distinct():
     from asyncvla.common.policy.backbone import sincos_positions
     pe = sincos_positions(8, 64)

@@ -1,4 +1,5 @@
-"""SFT samples: action chunks and Monte-Carlo returns against naive loops, and the episode split."""
+"""SFT samples: action chunks, Monte-Carlo returns and the random shift against naive loops, and the
+episode split."""
 
 import numpy as np
 import pytest
@@ -6,8 +7,8 @@ import torch
 
 from asyncvla.common.demos import DemoEpisode
 from asyncvla.learner.sft import explained_variance, sft_loss
-from asyncvla.learner.sft_data import (action_chunks, action_range_q99, build_samples, returns_to_go,
-                                       split_by_episode)
+from asyncvla.learner.sft_data import (action_chunks, action_range_q99, build_samples, random_shift,
+                                       returns_to_go, split_by_episode)
 
 
 def test_action_chunks_match_a_naive_loop():
@@ -102,3 +103,15 @@ def test_q99_action_range_is_per_dimension_and_keeps_constant_dims_whole():
         assert high[d] == pytest.approx(np.percentile(actions[:, d], 99), abs=1e-6)
     assert -0.1 < low[0] < -0.09 and 0.19 < high[0] < 0.2
     assert (low[2], high[2]) == (-1.0, 1.0)                 # a gripper held closed
+
+
+def test_random_shift_matches_a_naive_pad_and_crop():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (5, 12, 10, 3), dtype=np.uint8)
+    out = random_shift(images, 3, np.random.default_rng(7))
+    dy, dx = np.random.default_rng(7).integers(0, 7, size=(2, 5))
+    for i in range(5):
+        padded = np.pad(images[i], ((3, 3), (3, 3), (0, 0)), mode="edge")
+        assert np.array_equal(out[i], padded[dy[i]:dy[i] + 12, dx[i]:dx[i] + 10])
+    assert out.dtype == np.uint8 and (dy != 3).any()                # not all left in place
+    assert random_shift(images, 0, rng) is images

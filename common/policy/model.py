@@ -38,21 +38,21 @@ from .backbone import (ImageSpec, base_state_dict, check_backbone_dir, load_back
 from .families import family_of
 from .logprobs import action_log_softmax, reduce_logprobs, token_logprobs
 from .prompt import make_layout, tokenize_instructions
-from .value_head import StateEncoder, ValueHead
+from .value_head import ImageTokens, StateEncoder, ValueHead
 
 POLICY_FILE = "policy.json"
 BACKBONE_DIR = "backbone"
 ADAPTER_DIR = "adapter"
 HEADS_FILE = "heads.safetensors"
 # Parameters of the policy's own beside the VLM: trained with LoRA too, saved in HEADS_FILE.
-HEAD_PREFIXES = ("value_head.", "state_encoder.", "action_queries.")
+HEAD_PREFIXES = ("value_head.", "state_encoder.", "action_queries.", "image_tokens.")
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 FORMAT = "asyncvla-vla-policy"
 FORMAT_VERSION = 1
 # Settings that shape the network or its inputs/outputs: a checkpoint used as policy.pretrained_path
 # must agree with the config on these.
 STRUCTURAL_KEYS = ("image_size", "action_dim", "num_action_chunks", "n_bins", "max_instruction_tokens",
-                   "state_dim", "is_lora", "lora_rank", "value_encoder", "action_head")
+                   "state_dim", "is_lora", "lora_rank", "value_encoder", "action_head", "cnn_image_tokens")
 
 
 class ActOutput(NamedTuple):
@@ -102,6 +102,7 @@ class VLAPolicy(nn.Module):
         self.action_queries = (ActionQueries(self.num_action_tokens, hidden,
                                              getattr(vlm.config.text_config, "initializer_range", 0.02))
                                if cfg.action_head == "parallel" else None)
+        self.image_tokens = ImageTokens(cfg.cnn_image_tokens, hidden) if cfg.cnn_image_tokens else None
         image_seq_len = self.family.image_seq_len(vlm.config, image_spec.model_size)
         self.layout = make_layout(tokenizer, vlm.config.image_token_id, image_seq_len,
                                   cfg.max_instruction_tokens, state_token=cfg.state_dim > 0,
@@ -467,6 +468,9 @@ class VLAPolicy(nn.Module):
         if self.state_encoder is not None:
             parts.append(self.state_encoder(state, embeds.dtype))
             attn.append(mask.new_ones(b, 1))
+        if self.image_tokens is not None:
+            parts.append(self.image_tokens(image, embeds.dtype))
+            attn.append(mask.new_ones(b, self.cfg.cnn_image_tokens))
         attn = torch.cat(attn, 1)
         pos = self.family.positions(attn, lay, self._vlm.config, self.image_spec.model_size)
         return torch.cat(parts, 1), attn, pos, image

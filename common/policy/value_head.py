@@ -1,4 +1,4 @@
-"""Small heads beside the VLM: the critic V(x) and the proprio-state projector."""
+"""Small heads beside the VLM: the critic V(x), the proprio-state projector and the CNN image tokens."""
 
 from __future__ import annotations
 
@@ -67,3 +67,29 @@ class StateEncoder(nn.Module):
 
     def forward(self, state: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return self.proj(state.to(self.proj.weight.dtype)).unsqueeze(1).to(dtype)
+
+
+class ImageTokens(nn.Module):
+    """uint8 images [B, H, W, 3] -> n prompt tokens [B, n, H_text]: a small CNN's feature map pooled
+    to a g x g grid (n = g * g, row-major), each cell projected to the text width plus a learned
+    embedding of its place. The VLM reads them beside its own vision tower's tokens: a CNN's
+    locality lets it find a small object in a few hundred steps, where a random-init ViT with
+    8-pixel patches takes thousands."""
+
+    def __init__(self, num_tokens: int, hidden_size: int, channels: int = 64):
+        super().__init__()
+        grid = int(round(num_tokens ** 0.5))
+        if grid * grid != num_tokens:
+            raise ValueError(f"policy.cnn_image_tokens={num_tokens} must be a square (1, 4, 16, 64)")
+        self.convs = nn.Sequential(
+            nn.Conv2d(3, 32, 5, stride=2, padding=2), nn.ReLU(),
+            nn.Conv2d(32, channels, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(channels, channels, 3, stride=2, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(grid))
+        self.proj = nn.Linear(channels, hidden_size)
+        self.place = nn.Parameter(torch.zeros(num_tokens, hidden_size))
+
+    def forward(self, image: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        w = self.proj.weight
+        x = self.convs(image.permute(0, 3, 1, 2).to(w.dtype) / 255.0)     # [B, C, g, g]
+        return (self.proj(x.flatten(2).transpose(1, 2)) + self.place).to(dtype)
