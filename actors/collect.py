@@ -24,7 +24,7 @@ from asyncvla.actors.envs import PIXEL_REACH_ID, make_env
 from asyncvla.actors.envs.base import episode_seed
 from asyncvla.actors.envs.pixel_task import scripted_actions
 from asyncvla.actors.experts import expert_for
-from asyncvla.common.demos import DemoEpisode
+from asyncvla.common.demos import DemoEpisode, camera_settings
 
 # demonstrator(env, action_dim) -> actions float32 [B, 1, D] for the current step
 Demonstrator = Callable[[object, int], np.ndarray]
@@ -117,5 +117,6 @@ def env_info(cfg) -> dict:
     """The `env_info` record of trajectory.json for this config (ManiSkill's keys)."""
     kwargs = {"obs_mode": "rgb", "reward_mode": cfg.env.reward_mode, "image_size": cfg.policy.image_size}
     if cfg.env.id != PIXEL_REACH_ID:
-        kwargs.update(control_mode=cfg.env.control_mode, sim_backend=cfg.env.sim_backend)
+        kwargs.update(control_mode=cfg.env.control_mode, sim_backend=cfg.env.sim_backend,
+                      camera_settings=camera_settings(cfg.env))
     return {"env_id": cfg.env.id, "env_kwargs": kwargs, "max_episode_steps": cfg.env.max_episode_steps}

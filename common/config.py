@@ -48,6 +48,15 @@ class EnvConfig:
     obs_mode: str = opt("rgb", "ManiSkill observation mode the wrapper reads images from",
                         choices=["rgb", "rgbd"])
     camera: str = opt("base_camera", "ManiSkill camera whose RGB image the policy sees")
+    camera_pose: Optional[List[float]] = opt(None, "where env.camera looks from and at: [eye x, y, z, target "
+                                             "x, y, z] in metres, world frame (ManiSkill's sensor_configs, "
+                                             "pose = look_at(eye, target)); null: the task's own")
+    camera_fov: Optional[float] = opt(None, "env.camera's field of view in radians; null: the task's own",
+                                      gt=0.0, lt=3.14)
+    render_size: Optional[int] = opt(None, "render env.camera at this square size in pixels, e.g. "
+                                     "policy.image_size: nothing to resize, and at 64 px 4x fewer pixels "
+                                     "than the default 128 to render on a CPU; null: the camera's own size, "
+                                     "resized to policy.image_size", ge=16, le=1024)
     use_proprio: bool = opt(False, "also give the policy the robot's proprioceptive state")
     control_mode: str = opt("pd_ee_delta_pose", "ManiSkill controller; pd_ee_delta_pose is 7-D like OpenVLA")
     reward_mode: str = opt("normalized_dense", "ManiSkill reward mode",
@@ -432,6 +441,7 @@ def validate(config: Config, on_this_machine: bool = True) -> None:
     for key, value, meta in _walk(config):
         problems += _check_field(key, value, meta)
     problems += _check_action_range(config.policy)
+    problems += _check_camera(config.env)
     if on_this_machine:
         problems += _check_placement(config.launch)
     if problems:
@@ -448,6 +458,18 @@ def _check_action_range(p: "PolicyConfig") -> list[str]:
     if len(low) != len(high) or not all(lo < hi for lo, hi in zip(low, high)):
         return [f"policy.action_low={low} and policy.action_high={high} must have the same length and "
                 "low < high in every dimension"]
+    return []
+
+
+def _check_camera(env: "EnvConfig") -> list[str]:
+    pose = env.camera_pose
+    if pose is None:
+        return []
+    if len(pose) != 6 or not all(math.isfinite(v) for v in pose):
+        return [f"env.camera_pose={list(pose)} must have 6 finite values: eye x, y, z and target x, y, z "
+                "(metres)"]
+    if all(abs(a - b) < 1e-6 for a, b in zip(pose[:3], pose[3:])):
+        return [f"env.camera_pose={list(pose)}: the eye and the target are the same point"]
     return []
 
 

@@ -73,6 +73,17 @@ class DemoSpec:
     control_mode: Optional[str] = None     # None: not checked (the pixel task has none)
     state_dim: int = 0                     # > 0: every episode must carry a state of this size
     env_id: Optional[str] = None           # None: not checked
+    camera_settings: Optional[tuple] = None  # camera_settings(env) as sorted items; None: not checked
+
+
+def camera_settings(env_cfg) -> dict:
+    """The camera keys a config sets (env.camera_pose, camera_fov, render_size), as recorded in a
+    demo file's env_info.env_kwargs.camera_settings: frames from another camera are refused."""
+    out = {k: getattr(env_cfg, k) for k in ("camera_pose", "camera_fov", "render_size")
+           if getattr(env_cfg, k) is not None}
+    if "camera_pose" in out:
+        out["camera_pose"] = [float(v) for v in out["camera_pose"]]
+    return out
 
 
 # ------------------------------------------------------------------------------------ writing
@@ -191,6 +202,13 @@ def _check_env_info(js: Path, info: dict, spec: DemoSpec) -> None:
         raise DemoError(f"{js}: field 'env_info.env_kwargs.control_mode': expected {spec.control_mode!r} "
                         f"(env.control_mode), got {mode!r}; convert it with "
                         "python -m mani_skill.trajectory.replay_trajectory --target-control-mode")
+    if spec.camera_settings is not None:
+        recorded, wanted = kwargs.get("camera_settings") or {}, dict(spec.camera_settings)
+        if recorded != wanted:
+            raise DemoError(f"{js}: field 'env_info.env_kwargs.camera_settings': the demos were rendered with "
+                            f"{recorded or 'the task camera as it is'}, this config sets "
+                            f"{wanted or 'none'} (env.camera_pose, env.camera_fov, env.render_size); "
+                            "collect them again with this config")
     obs_mode = kwargs.get("obs_mode")
     if obs_mode is not None and "rgb" not in str(obs_mode):
         raise DemoError(f"{js}: field 'env_info.env_kwargs.obs_mode': expected an RGB mode (rgb, rgbd, "

@@ -69,6 +69,11 @@ def collect(cfg, out_dir) -> dict:
     if method == "motion_planning" and cfg.env.id == PIXEL_REACH_ID:
         raise ValueError(f"collect.method=motion_planning is for ManiSkill tasks; {PIXEL_REACH_ID} has a "
                          "scripted oracle: collect.method=scripted")
+    camera = [k for k in ("camera_pose", "camera_fov", "render_size") if getattr(cfg.env, k) is not None]
+    if method == "motion_planning" and camera:
+        raise ValueError(f"env.{camera[0]}={getattr(cfg.env, camera[0])!r}: collect.method=motion_planning renders "
+                         "the task's own camera (ManiSkill's replay tool); leave env.camera_pose, "
+                         "env.camera_fov and env.render_size unset, or use collect.method=scripted")
     if method == "scripted":
         # (ManiSkill: one env, so one worker process, per collect.num_procs)
         num_envs = c.num_envs if cfg.env.id == PIXEL_REACH_ID else c.num_procs

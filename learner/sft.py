@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from asyncvla.common.config import Config, to_dict, to_yaml
-from asyncvla.common.demos import DemoSpec, read_demos
+from asyncvla.common.demos import DemoSpec, camera_settings, read_demos
 from asyncvla.common.policy import VLAPolicy
 from asyncvla.common.rundir import run_dir
 from asyncvla.common.trackers import open_trackers
@@ -52,7 +52,8 @@ def demo_spec(cfg: Config) -> DemoSpec:
     """What demo files must match for this config (a file without a control mode is not checked)."""
     return DemoSpec(camera=cfg.env.camera, image_size=cfg.policy.image_size,
                     action_dim=cfg.policy.action_dim, control_mode=cfg.env.control_mode, env_id=cfg.env.id,
-                    state_dim=cfg.policy.state_dim)
+                    state_dim=cfg.policy.state_dim,
+                    camera_settings=tuple(sorted(camera_settings(cfg.env).items())))
 
 
 def sft_loss(token_logp: torch.Tensor, values: torch.Tensor, returns: torch.Tensor,

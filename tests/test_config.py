@@ -40,6 +40,12 @@ def test_defaults_and_override_order(tmp_path):
     (None, "policy.action_low=[-1,0]", ["policy.action_low=[-1.0, 0.0]", "policy.action_dim=7"]),
     (None, "policy.action_high=[2.0]", ["policy.action_high=[2.0]", "[-1, 1]"]),
     (None, "policy.action_low=[1.0]", ["policy.action_low=[1.0]", "low < high"]),
+    (None, "env.camera_pose=[0.5,0,0.35]", ["env.camera_pose=[0.5, 0.0, 0.35]", "6 finite values"]),
+    (None, "env.camera_pose=[0.5,0,nan,0,0,0]", ["env.camera_pose=", "6 finite values"]),
+    (None, "env.camera_pose=[1,2,3,1,2,3]", ["env.camera_pose=[1.0, 2.0, 3.0, 1.0, 2.0, 3.0]", "same point"]),
+    (None, "env.camera_fov=4", ["env.camera_fov=4", "< 3.14"]),
+    (None, "env.render_size=8", ["env.render_size=8", ">= 16"]),
+    (None, "policy.cnn_image_tokens=9", ["policy.cnn_image_tokens=9", "[0, 1, 4, 16, 64]"]),
 ])
 def test_errors_name_key_value_and_allowed(tmp_path, text, override, words):
     path = write(tmp_path, text) if text else None

@@ -133,6 +133,15 @@ def test_reads_files_laid_out_by_maniskill(tmp_path):
     assert eps[0].states is None                      # the policy reads no state: none is loaded
 
 
+def test_frames_of_another_camera_are_refused(tmp_path):
+    """A file that records no camera settings holds the task camera's frames: a config that sets
+    env.render_size (or a pose, or a fov) would train on images it never sees, and is refused."""
+    out = write_like_record_episode(tmp_path / "ms")
+    with pytest.raises(DemoError, match=r"camera_settings.*\{'render_size': 64\}.*collect them again"):
+        read_demos(out, DemoSpec(action_dim=7, image_size=64, camera_settings=(("render_size", 64),)))
+    assert len(read_demos(out, DemoSpec(action_dim=7, image_size=64, camera_settings=()))) == 2
+
+
 def test_the_state_is_agent_then_extra_each_in_name_order(tmp_path):
     out = write_like_record_episode(tmp_path / "ms")
     want = DemoSpec(action_dim=7, image_size=64, control_mode="pd_ee_delta_pose", state_dim=25)

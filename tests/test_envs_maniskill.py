@@ -17,6 +17,7 @@ from asyncvla.actors.envs.base import episode_seed, resize_images
 from asyncvla.common.config import EnvConfig
 
 K, SIZE = 4, 64
+FRAMED = "[0.5,0,0.35,0.05,0,0.02]"     # a camera over the workspace: eye, target (metres)
 
 
 def maniskill_env(env_id, num_envs=1, reward_type="chunk_level", seed=0, **cfg):
@@ -230,23 +231,47 @@ def test_scripted_push_cube_demos_in_the_rl_control_mode(tmp_path):
     import sys
     from pathlib import Path
 
-    from asyncvla.common.demos import DemoSpec, read_demos
+    from asyncvla.common.demos import DemoError, DemoSpec, read_demos
 
     repo = Path(__file__).resolve().parents[1]
     out = tmp_path / "demos"
     r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "collect", str(repo / "configs/maniskill.yaml"),
                         "collect.method=scripted", "env.control_mode=pd_ee_delta_pos", "policy.action_dim=4",
-                        "collect.action_noise=0.1", "collect.num_procs=1", "--episodes", "2", "--out", str(out)],
+                        "collect.action_noise=0.1", "collect.num_procs=1", f"env.camera_pose={FRAMED}",
+                        "env.camera_fov=0.8", "env.render_size=64", "--episodes", "2", "--out", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "2 kept" in r.stdout and "solved (100.0 %)" in r.stdout, r.stdout
     meta = json.loads((out / "trajectory.json").read_text())
     assert meta["env_info"]["env_kwargs"]["control_mode"] == "pd_ee_delta_pos"
     assert meta["source_type"] == "scripted"
-    episodes = read_demos(out, DemoSpec(action_dim=4, control_mode="pd_ee_delta_pos", state_dim=25,
-                                        env_id="PushCube-v1"))     # (what SFT reads: the 25-D robot state)
+    camera = {"camera_pose": [0.5, 0.0, 0.35, 0.05, 0.0, 0.02], "camera_fov": 0.8, "render_size": 64}
+    assert meta["env_info"]["env_kwargs"]["camera_settings"] == camera
+    spec = DemoSpec(action_dim=4, control_mode="pd_ee_delta_pos", state_dim=25, env_id="PushCube-v1",
+                    camera_settings=tuple(sorted(camera.items())))
+    episodes = read_demos(out, spec)     # (what SFT reads: the 25-D robot state)
+    with pytest.raises(DemoError, match="camera_settings.*this config sets none"):     # another camera's frames
+        read_demos(out, DemoSpec(action_dim=4, control_mode="pd_ee_delta_pos", state_dim=25, camera_settings=()))
     assert len(episodes) == 2
     for ep in episodes:
         assert ep.actions.shape[1] == 4 and np.abs(ep.actions).max() <= 1.0 and (ep.actions[:, 3] == -1).all()
         assert ep.success[-1] and ep.num_steps < 40
         assert ep.images.shape[1:] == (64, 64, 3) and len(ep.images) == ep.num_steps + 1
+
+
+def test_camera_keys_reach_maniskill_and_a_camera_it_lacks_is_named():
+    """env.camera_pose / camera_fov / render_size go to ManiSkill's sensor_configs: the frames come
+    at the render size from the configured pose; a camera the task lacks is one line with its cameras."""
+    framed = maniskill_env("PushCube-v1", camera_pose=[0.5, 0.0, 0.35, 0.05, 0.0, 0.02], camera_fov=0.8,
+                           render_size=SIZE)
+    default = maniskill_env("PushCube-v1", render_size=SIZE)
+    try:
+        a, b = framed.reset(seed=3)["image"], default.reset(seed=3)["image"]
+        assert framed.render_frames().shape == (1, SIZE, SIZE, 3) and a.shape == b.shape == (1, SIZE, SIZE, 3)
+        assert np.abs(a.astype(int) - b).mean() > 20            # another view of the same scene
+    finally:
+        framed.close()
+        default.close()
+    with pytest.raises(ValueError) as e:
+        maniskill_env("PushCube-v1", camera="hand_camera", render_size=SIZE)
+    assert str(e.value) == "env.camera='hand_camera' is not a camera of PushCube-v1; its cameras: ['base_camera']"

@@ -58,3 +58,10 @@ def test_a_task_without_a_solution_names_those_that_have_one(tmp_path):
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "has no motion-planning solution" in err[-1] and "PickCube-v1" in err[-1]
+    # ManiSkill's replay tool renders the task's own camera: camera keys are refused before anything runs
+    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "collect", str(REPO / "configs/quickstart.yaml"),
+                        "collect.method=motion_planning", "env.render_size=64", "--episodes", "1",
+                        "--out", str(tmp_path / "e")], capture_output=True, text=True, timeout=300)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert err[-1].startswith("asyncvla collect: env.render_size=64: collect.method=motion_planning"), err

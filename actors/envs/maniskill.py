@@ -48,12 +48,17 @@ class RunnerSpec:
     image_size: int
     ignore_terminations: bool
     auto_reset: bool
+    camera_pose: Optional[tuple] = None      # (eye xyz, target xyz)
+    camera_fov: Optional[float] = None
+    render_size: Optional[int] = None
 
 
 def runner_spec(cfg, image_size: int) -> RunnerSpec:
     return RunnerSpec(cfg.id, cfg.obs_mode, cfg.control_mode, cfg.reward_mode, cfg.render_backend,
                       cfg.max_episode_steps, cfg.camera, cfg.use_proprio, image_size,
-                      cfg.ignore_terminations, cfg.auto_reset)
+                      cfg.ignore_terminations, cfg.auto_reset,
+                      tuple(cfg.camera_pose) if cfg.camera_pose is not None else None, cfg.camera_fov,
+                      cfg.render_size)
 
 
 def make_kwargs(spec: RunnerSpec, sim_backend: str, num_envs: int) -> dict:
@@ -63,7 +68,46 @@ def make_kwargs(spec: RunnerSpec, sim_backend: str, num_envs: int) -> dict:
                   render_backend=spec.render_backend)
     if spec.max_episode_steps is not None:
         kwargs["max_episode_steps"] = spec.max_episode_steps
+    camera = camera_settings(spec)
+    if camera:
+        kwargs["sensor_configs"] = {spec.camera: camera}
     return kwargs
+
+
+def camera_settings(spec: RunnerSpec) -> dict:
+    """env.camera_pose / camera_fov / render_size as ManiSkill's settings of one camera (empty: the
+    task's own camera as it is)."""
+    out = {}
+    if spec.camera_pose is not None:
+        from mani_skill.utils import sapien_utils
+        out["pose"] = sapien_utils.look_at(list(spec.camera_pose[:3]), list(spec.camera_pose[3:]))
+    if spec.camera_fov is not None:
+        out["fov"] = float(spec.camera_fov)
+    if spec.render_size is not None:
+        out["width"] = out["height"] = int(spec.render_size)
+    return out
+
+
+def make(spec: RunnerSpec, sim_backend: str, num_envs: int):
+    """gym.make of the task; a camera that ManiSkill does not know (its sensor_configs take an
+    unknown name for a setting of every camera) is named in one line with the task's cameras."""
+    import gymnasium as gym
+    import mani_skill.envs  # noqa: F401  (registers the tasks)
+    kwargs = make_kwargs(spec, sim_backend, num_envs)
+    try:
+        return gym.make(spec.env_id, **kwargs)
+    except (AttributeError, AssertionError) as e:
+        if "sensor_configs" not in kwargs:
+            raise
+        kwargs.pop("sensor_configs")
+        probe = gym.make(spec.env_id, **{**kwargs, "obs_mode": "none"})
+        names = sorted(getattr(probe.unwrapped, "_sensor_configs", {}))
+        probe.close()
+        if spec.camera not in names:
+            raise ValueError(f"env.camera={spec.camera!r} is not a camera of {spec.env_id}; its cameras: "
+                             f"{names}") from None
+        raise ValueError(f"ManiSkill refused the settings of camera {spec.camera!r} (env.camera_pose, "
+                         f"env.camera_fov, env.render_size): {e}") from None
 
 
 # ------------------------------------------------------------------------------ one CPU env
@@ -71,12 +115,10 @@ class EpisodeRunner:
     """One CPU ManiSkill env: resets, runs a chunk to the end of the episode, auto-resets."""
 
     def __init__(self, spec: RunnerSpec):
-        import gymnasium as gym
-        import mani_skill.envs  # noqa: F401  (registers the tasks)
         from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 
         self.spec = spec
-        self.env = CPUGymWrapper(gym.make(spec.env_id, **make_kwargs(spec, "physx_cpu", 1)))
+        self.env = CPUGymWrapper(make(spec, "physx_cpu", 1))
         self.base = self.env.unwrapped
         self.tracker = EpisodeTracker(1)
         self.ended = False
@@ -287,14 +329,12 @@ class ManiSkillBatchedEnv:
 
     def __init__(self, cfg, num_envs: int, image_size: int, num_action_chunks: int, reward_type: str,
                  seed: int, action_dim: Optional[int] = None):
-        import gymnasium as gym
-        import mani_skill.envs  # noqa: F401
         check_reward_type(reward_type)
         self.spec = runner_spec(cfg, image_size)
         self.num_envs, self.num_action_chunks, self.reward_type = num_envs, num_action_chunks, reward_type
         self.instructions = [instruction_for(cfg.id, cfg.instruction)] * num_envs
         self._seeds = ResetSeeds(seed, num_envs, cfg.use_fixed_reset_state_ids)
-        self.env = gym.make(cfg.id, **make_kwargs(self.spec, cfg.sim_backend, num_envs))
+        self.env = make(self.spec, cfg.sim_backend, num_envs)
         self.device = self.env.unwrapped.device
         self.action_dim = int(self.env.unwrapped.single_action_space.shape[0])
         _check_action_dim(cfg, action_dim, self.action_dim)
