@@ -62,16 +62,17 @@ def collect(cfg, out_dir) -> dict:
 
     from asyncvla.actors.collect import collect_demos, env_info
     from asyncvla.actors.envs import PIXEL_REACH_ID
-    from asyncvla.common.demos import write_demos
+    from asyncvla.common.demos import camera_settings, write_demos
 
     c = cfg.collect
     method = c.method if c.method != "auto" else "scripted" if cfg.env.id == PIXEL_REACH_ID else "motion_planning"
     if method == "motion_planning" and cfg.env.id == PIXEL_REACH_ID:
         raise ValueError(f"collect.method=motion_planning is for ManiSkill tasks; {PIXEL_REACH_ID} has a "
                          "scripted oracle: collect.method=scripted")
-    camera = [k for k in ("camera_pose", "camera_fov", "render_size") if getattr(cfg.env, k) is not None]
+    camera = camera_settings(cfg.env)
     if method == "motion_planning" and camera:
-        raise ValueError(f"env.{camera[0]}={getattr(cfg.env, camera[0])!r}: collect.method=motion_planning renders "
+        key = next(iter(camera))
+        raise ValueError(f"env.{key}={getattr(cfg.env, key)!r}: collect.method=motion_planning renders "
                          "the task's own camera (ManiSkill's replay tool); leave env.camera_pose, "
                          "env.camera_fov and env.render_size unset, or use collect.method=scripted")
     if method == "scripted":

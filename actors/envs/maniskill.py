@@ -68,13 +68,13 @@ def make_kwargs(spec: RunnerSpec, sim_backend: str, num_envs: int) -> dict:
                   render_backend=spec.render_backend)
     if spec.max_episode_steps is not None:
         kwargs["max_episode_steps"] = spec.max_episode_steps
-    camera = camera_settings(spec)
+    camera = sensor_settings(spec)
     if camera:
         kwargs["sensor_configs"] = {spec.camera: camera}
     return kwargs
 
 
-def camera_settings(spec: RunnerSpec) -> dict:
+def sensor_settings(spec: RunnerSpec) -> dict:
     """env.camera_pose / camera_fov / render_size as ManiSkill's settings of one camera (empty: the
     task's own camera as it is)."""
     out = {}
