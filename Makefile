@@ -6,6 +6,8 @@ CONFIG  ?= configs/pixel_task.yaml
 STAMP   := $(VENV)/.installed
 # pytest options, e.g. `make test PYTEST_ARGS="-k transport"`
 PYTEST_ARGS ?=
+# test files run on this many workers at once (pytest-xdist; 0: one process, as plain pytest)
+TEST_WORKERS ?= 2
 
 .PHONY: setup train test bench docs clean
 
@@ -28,8 +30,9 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 train: setup
 	$(VENV)/bin/asyncvla pipeline $(CONFIG) $(ARGS)
 
+# Whole files go to the workers (a file's fixtures run once), the slow ones first (tests/conftest.py).
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Performance and learning figures beside their baselines and goals: one table, and the JSON in
 # bench_results/bench.json (+ learning_model.csv / .png). ~2 hours on 2 CPU cores, ~90 minutes of it
