@@ -4,7 +4,8 @@
 
 `asyncvla train` stops on any of them before the launcher spends ~10 s starting ranks that would
 fail inside a traceback; `asyncvla config` reports the same (ports as a note: they are free or not
-at the moment it runs).
+at the moment it runs), and `asyncvla pipeline` the env's before minutes of demonstrations. Only
+the ManiSkill check imports ManiSkill (and torch): it builds the task without observations, ~2 s.
 """
 
 from __future__ import annotations
@@ -19,10 +20,20 @@ from asyncvla.common.config import Config
 def problems(cfg: Config, ports: bool = True) -> list[str]:
     from asyncvla.common import trackers
     out = _pretrained(cfg.policy.pretrained_path) + _resume(cfg) + _keys(cfg) + _actor_hosts(cfg) + \
-        trackers.problems(cfg)
+        trackers.problems(cfg) + env_problems(cfg)
     if ports:
         out += busy_ports(cfg)
     return out
+
+
+def env_problems(cfg: Config) -> list[str]:
+    """A ManiSkill task id or camera name that the task lacks (the pixel task needs no check)."""
+    from asyncvla.actors.envs.pixel_task import ENV_ID as PIXEL_REACH_ID
+    if cfg.env.id == PIXEL_REACH_ID:
+        return []
+    from asyncvla.actors.envs.maniskill import camera_problem
+    problem = camera_problem(cfg.env.id, cfg.env.camera, cfg.env.render_backend)
+    return [problem] if problem else []
 
 
 def _pretrained(path: str | None) -> list[str]:

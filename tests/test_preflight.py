@@ -17,6 +17,7 @@ from tests.ports import run_port_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "configs" / "pixel_task.yaml")
+MANISKILL = str(REPO / "configs" / "maniskill.yaml")
 
 
 def cli(*args, timeout=120):
@@ -76,6 +77,21 @@ def test_train_refuses_another_policy_shape_on_resume_before_any_rank_starts(tmp
             "print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", check], capture_output=True, text=True).stdout.strip() == "False"
     print(f"refused in {took:.1f} s")
+
+
+def test_a_camera_or_task_maniskill_lacks_stops_train_and_pipeline_before_any_process_starts(tmp_path):
+    """Named in one line by the launcher (a probe of the task without observations), not by an
+    actor's traceback after start-up or after minutes of demonstrations."""
+    camera = "env.camera='hand_camera' is not a camera of PushCube-v1; its cameras: ['base_camera']"
+    for command, prefix, wrong, said in (
+            ("train", "asyncvla: cannot start: ", "env.camera=hand_camera", camera),
+            ("pipeline", "asyncvla pipeline: cannot start: ", "env.camera=hand_camera", camera),
+            ("train", "asyncvla: cannot start: ", "env.id=PushCube-v9", "env.id='PushCube-v9' is not a ManiSkill3 task")):
+        r, took = cli(command, MANISKILL, *run_port_overrides(), f"logging.output_dir={tmp_path}", wrong)
+        err = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(err) == 1 and err[0].startswith(prefix + said), r.stderr[-2000:]
+        print(f"{command} {wrong}: refused in {took:.1f} s")
+    assert not list(tmp_path.iterdir())          # no run directory, no demonstrations: nothing started
 
 
 def test_a_held_port_stops_train_before_any_rank_starts(tmp_path):

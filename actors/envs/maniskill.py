@@ -99,15 +99,31 @@ def make(spec: RunnerSpec, sim_backend: str, num_envs: int):
     except (AttributeError, AssertionError) as e:
         if "sensor_configs" not in kwargs:
             raise
-        kwargs.pop("sensor_configs")
-        probe = gym.make(spec.env_id, **{**kwargs, "obs_mode": "none"})
-        names = sorted(getattr(probe.unwrapped, "_sensor_configs", {}))
-        probe.close()
-        if spec.camera not in names:
-            raise ValueError(f"env.camera={spec.camera!r} is not a camera of {spec.env_id}; its cameras: "
-                             f"{names}") from None
+        problem = camera_problem(spec.env_id, spec.camera, spec.render_backend)
+        if problem:
+            raise ValueError(problem) from None
         raise ValueError(f"ManiSkill refused the settings of camera {spec.camera!r} (env.camera_pose, "
                          f"env.camera_fov, env.render_size): {e}") from None
+
+
+def camera_problem(env_id: str, camera: str, render_backend: str = "cpu") -> Optional[str]:
+    """One line when env.id is not a ManiSkill task or env.camera is not one of its cameras, else
+    None. Builds the task without observations (~1 s after ManiSkill's import), so that the launcher
+    can say it before any process starts rather than an actor inside a traceback."""
+    import gymnasium as gym
+    import mani_skill.envs  # noqa: F401  (registers the tasks)
+    try:
+        probe = gym.make(env_id, obs_mode="none", sim_backend="physx_cpu", render_backend=render_backend,
+                         num_envs=1)
+    except gym.error.Error as e:
+        return f"env.id={env_id!r} is not a ManiSkill3 task nor PixelReach-v0 ({type(e).__name__}: {e})"
+    try:
+        names = sorted(getattr(probe.unwrapped, "_sensor_configs", {}))
+    finally:
+        probe.close()
+    if camera not in names:
+        return f"env.camera={camera!r} is not a camera of {env_id}; its cameras: {names}"
+    return None
 
 
 # ------------------------------------------------------------------------------ one CPU env
