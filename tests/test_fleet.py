@@ -1,5 +1,5 @@
 """Actor fleets on two "hosts" through `asyncvla train --actor-hostfile`, for real: ssh to a private
-sshd on 127.0.0.2 and 127.0.0.3 (tests/benchmarks/multinode.py), one supervisor per host
+sshd on 127.0.0.5 and 127.0.0.6 (tests/benchmarks/multinode.py), one supervisor per host
 (`asyncvla actor-host`), CURVE client keys handed out over the ssh channel.
 
 1. To the budget: both hosts' actors join a local ZeRO-3 learner and train it to learner.max_steps;
@@ -35,7 +35,7 @@ from tests.ports import free_ports
 from tests.test_e2e_system import SMALL_BACKBONE
 
 REPO = Path(__file__).resolve().parents[1]
-HOSTS = ("127.0.0.2", "127.0.0.3")
+HOSTS = ("127.0.0.5", "127.0.0.6")   # not test_multinode's nodes: make test may run both files at once
 UNREACHABLE = "127.0.0.4"          # no sshd listens there
 SMALL = ["learner.batch_trajectories=4", "learner.micro_batch_size=16", "actor.num_envs=4", "actor.rollout_length=4",
          "algorithm.num_minibatches=1", "algorithm.update_epochs=1", "eval.eval_interval=0",

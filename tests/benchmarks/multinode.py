@@ -48,7 +48,9 @@ NODES = ("127.0.0.2", "127.0.0.3")     # loopback aliases: every 127.x.y.z reach
 STEPS, RESUMED_STEPS, SAVE_INTERVAL = 6, 9, 3
 NUM_ACTORS = 2
 RUN_TIMEOUT_S = 360
-SSH_DROP_IN = Path("/etc/ssh/ssh_config.d/asyncvla-multinode-check.conf")
+# ssh reads every file here; each private sshd gets its own (named for its hosts), and whoever runs
+# two at once (make test's two workers: this check and tests/test_fleet.py) gives them other hosts.
+SSH_DROP_IN_DIR = Path("/etc/ssh/ssh_config.d")
 PACKAGES = {"pdsh": "pdsh", "sshd": "openssh-server", "ssh": "openssh-client", "ssh-keygen": "openssh-client"}
 OVERRIDES = [f"learner.max_steps={STEPS}", f"checkpoint.save_interval={SAVE_INTERVAL}",
              "launch.num_local_actors=0", "logging.progress=false", "transport.bind_host=0.0.0.0"]
@@ -216,8 +218,8 @@ def prerequisites() -> str | None:
     addresses = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
     if not addresses:
         return "no network address (`hostname -I` is empty): deepspeed takes rank 0's from it"
-    if not SSH_DROP_IN.parent.is_dir():
-        return f"no {SSH_DROP_IN.parent} (the ssh client's drop-in folder)"
+    if not SSH_DROP_IN_DIR.is_dir():
+        return f"no {SSH_DROP_IN_DIR} (the ssh client's drop-in folder)"
     return None
 
 
@@ -238,14 +240,15 @@ def ssh_nodes(folder: Path, hosts: tuple[str, ...], port: int):
         f"PidFile {folder / 'sshd.pid'}\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
         "PermitRootLogin prohibit-password\nUsePAM no\nStrictModes no\nX11Forwarding no\n"
         "AllowTcpForwarding no\nLogLevel VERBOSE\n")
-    privsep = Path("/run/sshd")                # sshd refuses to start without it
-    made_privsep = not privsep.exists()
-    privsep.mkdir(mode=0o755, parents=True, exist_ok=True)
+    # sshd refuses to start without its privilege-separation folder (made by openssh-server's
+    # service, which nothing starts here). It stays: another private sshd may still be using it.
+    Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
     with open(folder / "sshd.log", "wb") as log:
         sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(folder / "sshd_config")],
                                 stdout=log, stderr=subprocess.STDOUT)
+    drop_in = SSH_DROP_IN_DIR / f"asyncvla-multinode-{'-'.join(hosts)}.conf"
     try:
-        SSH_DROP_IN.write_text(
+        drop_in.write_text(
             f"# asyncvla multinode check: removed when it ends\nHost {' '.join(hosts)}\n"
             f"    Port {port}\n    IdentityFile {folder / 'client_key'}\n    IdentitiesOnly yes\n"
             f"    UserKnownHostsFile {folder / 'known_hosts'}\n    StrictHostKeyChecking yes\n"
@@ -258,15 +261,13 @@ def ssh_nodes(folder: Path, hosts: tuple[str, ...], port: int):
             time.sleep(0.3)
         yield
     finally:
-        SSH_DROP_IN.unlink(missing_ok=True)
+        drop_in.unlink(missing_ok=True)
         sshd.terminate()
         try:
             sshd.wait(timeout=10)
         except subprocess.TimeoutExpired:
             sshd.kill()
             sshd.wait()
-        if made_privsep:
-            shutil.rmtree(privsep, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------- helpers
