@@ -441,6 +441,7 @@ def validate(config: Config, on_this_machine: bool = True) -> None:
     for key, value, meta in _walk(config):
         problems += _check_field(key, value, meta)
     problems += _check_action_range(config.policy)
+    problems += _check_tiny_vocab(config.policy)
     problems += _check_camera(config.env)
     if on_this_machine:
         problems += _check_placement(config.launch)
@@ -459,6 +460,22 @@ def _check_action_range(p: "PolicyConfig") -> list[str]:
         return [f"policy.action_low={low} and policy.action_high={high} must have the same length and "
                 "low < high in every dimension"]
     return []
+
+
+# Text ids the built tiny tokenizer needs: <pad> <s> </s> <unk>, a family's special tokens (at most 4)
+# and the 95 printable bytes (common/policy/backbone.build_tiny_tokenizer; a test keeps them in step).
+TINY_TEXT_IDS_MIN = 103
+
+
+def _check_tiny_vocab(p: "PolicyConfig") -> list[str]:
+    """The tiny backbone's vocabulary holds the action bins after the text ids (not so for a
+    pretrained backbone, whose tokenizer comes with it)."""
+    text_ids = p.backbone.vocab_size - p.n_bins
+    if p.pretrained_path is not None or text_ids >= TINY_TEXT_IDS_MIN:
+        return []
+    return [f"policy.backbone.vocab_size={p.backbone.vocab_size} leaves {text_ids} text ids beside "
+            f"policy.n_bins={p.n_bins} action ids; the built tokenizer needs {TINY_TEXT_IDS_MIN}: set "
+            f"policy.backbone.vocab_size >= {p.n_bins + TINY_TEXT_IDS_MIN}"]
 
 
 def _check_camera(env: "EnvConfig") -> list[str]:

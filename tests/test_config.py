@@ -46,6 +46,8 @@ def test_defaults_and_override_order(tmp_path):
     (None, "env.camera_fov=4", ["env.camera_fov=4", "< 3.14"]),
     (None, "env.render_size=8", ["env.render_size=8", ">= 16"]),
     (None, "policy.cnn_image_tokens=9", ["policy.cnn_image_tokens=9", "[0, 1, 4, 16, 64]"]),
+    (None, "policy.backbone.vocab_size=300", ["policy.backbone.vocab_size=300", "44 text ids",
+                                              "policy.n_bins=256", ">= 359"]),
 ])
 def test_errors_name_key_value_and_allowed(tmp_path, text, override, words):
     path = write(tmp_path, text) if text else None
@@ -161,3 +163,20 @@ def test_overrides_may_follow_options():
         parse(["train", "configs/pixel_task.yaml", "--no-such-flag"])
     with pytest.raises(SystemExit):
         parse(["keygen", "keys", "learner.max_steps=9"])        # keygen takes no overrides
+
+
+def test_the_tiny_vocabulary_check_matches_the_tokenizer_it_guards():
+    """Config refuses a vocab_size whose text part the tiny tokenizer could not be built in, and only
+    such: TINY_TEXT_IDS_MIN is what the most demanding family needs, one id less fails."""
+    from asyncvla.common.config import TINY_TEXT_IDS_MIN, BackboneConfig
+    from asyncvla.common.policy.backbone import build_tiny_tokenizer
+    from asyncvla.common.policy.families import family_by_name
+
+    families = [family_by_name(name) for name in BackboneConfig.__dataclass_fields__["family"].metadata["choices"]]
+    for family in families:
+        assert len(build_tiny_tokenizer(TINY_TEXT_IDS_MIN, family)) == TINY_TEXT_IDS_MIN
+    neediest = max(families, key=lambda f: len(f.special_tokens))
+    with pytest.raises(ValueError, match=f"at least {TINY_TEXT_IDS_MIN} text ids"):
+        build_tiny_tokenizer(TINY_TEXT_IDS_MIN - 1, neediest)
+    load_config(None, ["policy.n_bins=256", f"policy.backbone.vocab_size={256 + TINY_TEXT_IDS_MIN}"])
+    load_config(None, ["policy.backbone.vocab_size=300", "policy.pretrained_path=/models/vlm"])
