@@ -179,6 +179,9 @@ class LearnerConfig:
     weight_decay: float = opt(0.0, "AdamW weight decay", ge=0.0)
     clip_grad: float = opt(1.0, "global gradient-norm clip (0 disables)", ge=0.0)
     lr_warmup_steps: int = opt(0, "linear LR warm-up in learner updates", ge=0)
+    critic_warmup_steps: int = opt(0, "first updates in which only the value head trains (the policy's "
+                                   "lr is 0): a warm start's critic, fit to demonstrations, first learns "
+                                   "the RL returns before its advantages move the policy", ge=0)
     zero_stage: int = opt(3, "DeepSpeed ZeRO stage", choices=[0, 1, 2, 3])
     precision: str = opt("auto", "auto = bf16 on GPU, fp32 on CPU", choices=["auto", "fp32", "bf16"])
     max_policy_lag: int = opt(4, "drop segments produced more than this many versions ago", ge=0)

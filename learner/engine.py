@@ -136,17 +136,27 @@ def build_ds_config(cfg: Config, world_size: int, gradient_accumulation_steps: i
     }
 
 
-def warmup_schedule(warmup_steps: int):
+def warmup_schedule(warmup_steps: int, critic_warmup_steps: int = 0):
     """Linear warm-up: update k (1-based) runs at lr * min(1, k / warmup_steps); constant after.
+
+    With critic_warmup_steps = W > 0 the policy group (named "policy") holds lr 0 for the first W
+    updates and starts its own ramp at update W + 1, while every other group (the value head)
+    ramps from update 1: the critic first learns the RL returns, which a warm start's critic (fit
+    to demonstrations) does not predict, before its advantages move the policy.
 
     DeepSpeed's WarmupLR starts from warmup_min_lr (0 unless set) and repeats it for the first two
     updates; this LambdaLR gives each update its own step of the ramp. The engine steps it once
     per optimizer update; its state (the update count) is saved in checkpoints.
     """
+    def ramp(n: int) -> float:
+        return 1.0 if warmup_steps <= 1 else min(1.0, (n + 1) / warmup_steps)
+
+    def policy_factor(n: int) -> float:
+        return 0.0 if n < critic_warmup_steps else ramp(n - critic_warmup_steps)
+
     def make(optimizer):
-        if warmup_steps <= 1:
-            return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: 1.0)
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: min(1.0, (n + 1) / warmup_steps))
+        factors = [policy_factor if g.get("name") == "policy" else ramp for g in optimizer.param_groups]
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
     return make
 
 
@@ -184,7 +194,8 @@ def build_engine(model: nn.Module, cfg: Config, gradient_accumulation_steps: int
         ds_config = build_ds_config(cfg, dist.get_world_size(), gradient_accumulation_steps)
     groups = param_groups(model, cfg.learner.lr, cfg.learner.value_lr)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config,
-                                           lr_scheduler=warmup_schedule(cfg.learner.lr_warmup_steps))
+                                           lr_scheduler=warmup_schedule(cfg.learner.lr_warmup_steps,
+                                                                        cfg.learner.critic_warmup_steps))
     return engine
 
 

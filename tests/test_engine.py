@@ -128,6 +128,20 @@ def test_warmup_ramps_linearly_then_holds():
     assert opt.param_groups[0]["lr"] == 1.0
 
 
+def test_critic_warmup_holds_the_policy_group_then_ramps_it():
+    p, v = torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([{"params": [p], "lr": 1.0, "name": "policy"},
+                           {"params": [v], "lr": 10.0, "name": "value_head"}])
+    sched = ds_engine.warmup_schedule(2, critic_warmup_steps=3)(opt)
+    seen = []
+    for _ in range(7):
+        seen.append([g["lr"] for g in opt.param_groups])
+        opt.step()
+        sched.step()
+    # the value head ramps from update 1; the policy holds 0 for 3 updates, then ramps
+    assert seen == [[0.0, 5.0], [0.0, 10.0], [0.0, 10.0], [0.5, 10.0], [1.0, 10.0], [1.0, 10.0], [1.0, 10.0]]
+
+
 def test_incomplete_launcher_environment_is_refused(monkeypatch):
     for k in DIST_VARS:
         monkeypatch.delenv(k, raising=False)
