@@ -136,8 +136,11 @@ def build_ds_config(cfg: Config, world_size: int, gradient_accumulation_steps: i
     }
 
 
-def warmup_schedule(warmup_steps: int, critic_warmup_steps: int = 0):
+def warmup_schedule(warmup_steps: int, critic_warmup_steps: int = 0, steps_per_update: int = 1):
     """Linear warm-up: update k (1-based) runs at lr * min(1, k / warmup_steps); constant after.
+
+    Counted in learner updates: an update of `update_epochs` passes over `num_minibatches` takes
+    steps_per_update optimizer steps, and the engine steps the schedule once per optimizer step.
 
     With critic_warmup_steps = W > 0 the policy group (named "policy") holds lr 0 for the first W
     updates and starts its own ramp at update W + 1, while every other group (the value head)
@@ -145,8 +148,8 @@ def warmup_schedule(warmup_steps: int, critic_warmup_steps: int = 0):
     to demonstrations) does not predict, before its advantages move the policy.
 
     DeepSpeed's WarmupLR starts from warmup_min_lr (0 unless set) and repeats it for the first two
-    updates; this LambdaLR gives each update its own step of the ramp. The engine steps it once
-    per optimizer update; its state (the update count) is saved in checkpoints.
+    updates; this LambdaLR gives each update its own step of the ramp. Its state (the optimizer
+    step count) is saved in checkpoints.
     """
     def ramp(n: int) -> float:
         return 1.0 if warmup_steps <= 1 else min(1.0, (n + 1) / warmup_steps)
@@ -154,8 +157,12 @@ def warmup_schedule(warmup_steps: int, critic_warmup_steps: int = 0):
     def policy_factor(n: int) -> float:
         return 0.0 if n < critic_warmup_steps else ramp(n - critic_warmup_steps)
 
+    def per_update(factor):
+        return lambda n: factor(n // steps_per_update)
+
     def make(optimizer):
-        factors = [policy_factor if g.get("name") == "policy" else ramp for g in optimizer.param_groups]
+        factors = [per_update(policy_factor if g.get("name") == "policy" else ramp)
+                   for g in optimizer.param_groups]
         return torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
     return make
 
@@ -194,8 +201,9 @@ def build_engine(model: nn.Module, cfg: Config, gradient_accumulation_steps: int
         ds_config = build_ds_config(cfg, dist.get_world_size(), gradient_accumulation_steps)
     groups = param_groups(model, cfg.learner.lr, cfg.learner.value_lr)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config,
-                                           lr_scheduler=warmup_schedule(cfg.learner.lr_warmup_steps,
-                                                                        cfg.learner.critic_warmup_steps))
+                                           lr_scheduler=warmup_schedule(
+                                               cfg.learner.lr_warmup_steps, cfg.learner.critic_warmup_steps,
+                                               cfg.algorithm.update_epochs * cfg.algorithm.num_minibatches))
     return engine
 
 

@@ -167,7 +167,8 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
 # ----------------------------------------------------------------------------------- helpers
 def _engine_config(cfg: Config) -> Config:
     """The RL engine's config with SFT's learning rates (no warm-up)."""
-    learner = dataclasses.replace(cfg.learner, lr=cfg.sft.lr, value_lr=cfg.sft.value_lr, lr_warmup_steps=0)
+    learner = dataclasses.replace(cfg.learner, lr=cfg.sft.lr, value_lr=cfg.sft.value_lr, lr_warmup_steps=0,
+                                  critic_warmup_steps=0)
     return dataclasses.replace(cfg, learner=learner)
 
 

@@ -142,6 +142,20 @@ def test_critic_warmup_holds_the_policy_group_then_ramps_it():
     assert seen == [[0.0, 5.0], [0.0, 10.0], [0.0, 10.0], [0.5, 10.0], [1.0, 10.0], [1.0, 10.0], [1.0, 10.0]]
 
 
+def test_warmups_count_learner_updates_not_optimizer_steps():
+    # an update of 2 epochs x 2 minibatches steps the optimizer (and the schedule) 4 times
+    p, v = torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([{"params": [p], "lr": 1.0, "name": "policy"},
+                           {"params": [v], "lr": 1.0, "name": "value_head"}])
+    sched = ds_engine.warmup_schedule(2, critic_warmup_steps=1, steps_per_update=4)(opt)
+    seen = []
+    for _ in range(16):
+        seen.append(tuple(g["lr"] for g in opt.param_groups))
+        opt.step()
+        sched.step()
+    assert seen == [(0.0, 0.5)] * 4 + [(0.5, 1.0)] * 4 + [(1.0, 1.0)] * 8
+
+
 def test_incomplete_launcher_environment_is_refused(monkeypatch):
     for k in DIST_VARS:
         monkeypatch.delenv(k, raising=False)
