@@ -18,7 +18,7 @@ from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoin
 
 from asyncvla.actors.envs import make_env
 from asyncvla.actors.envs import pixel_task as P
-from asyncvla.actors.evaluate import round_seed, wilson_interval
+from asyncvla.actors.evaluate import evaluate_policy, round_seed, wilson_interval
 from asyncvla.common.config import EnvConfig, from_dict, load_config
 from asyncvla.common.policy import VLAPolicy
 from asyncvla.launch import cli
@@ -161,6 +161,13 @@ def test_eval_on_the_pixel_task_writes_summary_and_videos(tmp_path):
     assert np.abs(first[0] - first[1]).mean() < 1.0                 # the same initial scene
     assert trained_s["success_rate"] > init_s["success_rate"], (init_s, trained_s)
     assert trained_s["success_rate"] >= 0.75
+    # A config that trains with ignore_terminations still evaluates episodes that end at success:
+    # the same successes and lengths as the CLI's default env config above.
+    trained = VLAPolicy.from_pretrained(str(tmp_path / "trained"))
+    ignoring = evaluate_policy(trained, EnvConfig(id="PixelReach-v0", ignore_terminations=True), trained.cfg,
+                               episodes, greedy=True, seed=seed)
+    assert [(e["success"], e["length"]) for e in ignoring["episodes"]] == [
+        (e["success"], e["length"]) for e in trained_s["episodes"]]
 
 
 def test_eval_of_a_checkpoint_with_ema_weights(trained_run, tmp_path):
