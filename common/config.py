@@ -59,8 +59,9 @@ class EnvConfig:
                                      "resized to policy.image_size", ge=16, le=1024)
     use_proprio: bool = opt(False, "also give the policy the robot's proprioceptive state")
     control_mode: str = opt("pd_ee_delta_pose", "ManiSkill controller; pd_ee_delta_pose is 7-D like OpenVLA")
-    reward_mode: str = opt("normalized_dense", "ManiSkill reward mode",
-                           choices=["sparse", "dense", "normalized_dense"])
+    reward_mode: str = opt("normalized_dense", "ManiSkill reward mode; a dense one with episodes that "
+                           "end at success pays a policy to avoid success (pair it with "
+                           "ignore_terminations, or use sparse)", choices=["sparse", "dense", "normalized_dense"])
     sim_backend: str = opt("physx_cpu", "physics backend: physx_cpu (one process per env) or "
                            "physx_cuda (all envs batched on the GPU)", choices=["physx_cpu", "physx_cuda"])
     render_backend: str = opt("cpu", "renderer device: cpu (software Vulkan) or gpu",

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 SMALL = ["collect.method=scripted", "env.control_mode=pd_ee_delta_pos", "policy.action_dim=4",
          "env.camera_pose=[0.5,0,0.35,0.05,0,0.02]", "env.camera_fov=0.8", "env.render_size=64",
          "collect.action_noise=0.1", "collect.num_episodes=2", "collect.num_procs=1", "sft.steps=12", "sft.eval_episodes=2",
-         "sft.save_interval=6", "env.max_episode_steps=24", "learner.max_steps=8", "learner.max_time_s=null",
+         "sft.save_interval=6", "env.max_episode_steps=24", "learner.max_steps=8", "learner.batch_trajectories=4", "learner.max_time_s=null",
          "checkpoint.save_interval=2", "eval.eval_interval=4", "eval.num_episodes=2", "eval.save_video=false",
          "logging.progress=false", "logging.experiment_name=ms"]
 
