@@ -105,6 +105,26 @@ class BackboneConfig:
 
 
 @dataclass
+class FlowConfig:
+    """The flow head (policy.action_head=flow): an action expert denoising the K x D chunk
+    (common/policy/flow_expert.py) and how its chain is sampled (common/policy/flow_sampling.py)."""
+    width: int = opt(64, "the action expert's width", ge=8)
+    depth: int = opt(2, "the action expert's layers; layer l reads the VLM's matching layer", ge=1)
+    heads: int = opt(4, "query heads of the expert's attention", ge=1)
+    kv_heads: int = opt(1, "key/value heads (heads must be a multiple of it)", ge=1)
+    head_dim: int = opt(16, "size of one attention head", ge=4)
+    mlp: int = opt(128, "hidden width of the expert's gated MLP", ge=8)
+    num_steps: int = opt(4, "denoising (Euler) steps per chunk, from noise at t = 1 to the actions at t = 0", ge=1)
+    noise_method: str = opt("flow_sde", "which steps are Gaussian, for log-probs: flow_sde (one random "
+                            "step per chunk, its std from noise_level) or flow_noise (every step, with a "
+                            "learned std)", choices=["flow_sde", "flow_noise"])
+    noise_level: float = opt(0.5, "Flow-SDE's a in sigma_t = a sqrt(t / (1 - t))", gt=0.0)
+    log_std_min: float = opt(-5.0, "Flow-Noise: lower end of the learned log-std")
+    log_std_max: float = opt(-1.0, "Flow-Noise: upper end of the learned log-std")
+    time_alpha: float = opt(1.5, "SFT draws the denoising time from Beta(time_alpha, 1) (pi0: 1.5)", gt=0.0)
+
+
+@dataclass
 class PolicyConfig:
     pretrained_path: Optional[str] = opt(None, "a checkpoint directory loadable with from_pretrained "
                                          "(a VLA saved by this project or a compatible VLM); null builds "
@@ -114,10 +134,11 @@ class PolicyConfig:
     action_dim: int = opt(7, "action dimensions D per env step (must match the env)", ge=1)
     num_action_chunks: int = opt(4, "env steps K per policy action (action chunk)", ge=1)
     n_bins: int = opt(256, "uniform bins over [action_low, action_high] per action dimension", ge=2)
-    action_head: str = opt("autoregressive", "how the N = K*D action tokens are predicted: "
-                           "autoregressive (one token per forward pass, each fed back) or parallel (all "
-                           "at once from N learned action queries after the prompt, as OpenVLA-OFT)",
-                           choices=["autoregressive", "parallel"])
+    action_head: str = opt("autoregressive", "how the N = K*D actions are predicted: autoregressive "
+                           "(one action token per forward pass, each fed back), parallel (all tokens at "
+                           "once from N learned action queries after the prompt, as OpenVLA-OFT) or flow "
+                           "(continuous actions denoised by an action expert reading the prompt, as pi0; "
+                           "policy.flow)", choices=["autoregressive", "parallel", "flow"])
     action_low: List[float] = opt([-1.0], "lower end of the binned action range, per dimension (one "
                                   "value: every dimension); `asyncvla sft` with sft.action_range=q99 "
                                   "sets it from the demos, and a saved policy keeps its own")
@@ -145,6 +166,7 @@ class PolicyConfig:
     precision: str = opt("auto", "auto = bf16 on GPU, fp32 on CPU", choices=["auto", "fp32", "bf16"])
     temperature: float = opt(1.0, "temperature of the action-token distribution softmax(logits/T): "
                              "actors sample from it and the learner evaluates log-probs under it", gt=0.0)
+    flow: FlowConfig = field(default_factory=FlowConfig)
 
 
 # ------------------------------------------------------------------------------------- actor
@@ -446,6 +468,7 @@ def validate(config: Config, on_this_machine: bool = True) -> None:
         problems += _check_field(key, value, meta)
     problems += _check_action_range(config.policy)
     problems += _check_tiny_vocab(config.policy)
+    problems += _check_flow(config.policy.flow)
     problems += _check_camera(config.env)
     if on_this_machine:
         problems += _check_placement(config.launch)
@@ -480,6 +503,14 @@ def _check_tiny_vocab(p: "PolicyConfig") -> list[str]:
     return [f"policy.backbone.vocab_size={p.backbone.vocab_size} leaves {text_ids} text ids beside "
             f"policy.n_bins={p.n_bins} action ids; the built tokenizer needs {TINY_TEXT_IDS_MIN}: set "
             f"policy.backbone.vocab_size >= {p.n_bins + TINY_TEXT_IDS_MIN}"]
+
+
+def _check_flow(f: "FlowConfig") -> list[str]:
+    if f.heads % f.kv_heads:
+        return [f"policy.flow.heads={f.heads} must be a multiple of policy.flow.kv_heads={f.kv_heads}"]
+    if not f.log_std_min < f.log_std_max:
+        return [f"policy.flow.log_std_min={f.log_std_min} must be < policy.flow.log_std_max={f.log_std_max}"]
+    return []
 
 
 def _check_camera(env: "EnvConfig") -> list[str]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-ACTION_HEADS = ("autoregressive", "parallel")
+ACTION_HEADS = ("autoregressive", "parallel", "flow")
 
 
 class ActionQueries(nn.Module):

@@ -77,6 +77,23 @@ class ActionTokenizer:
         centres = (low + (b.double() + 0.5) * self.bin_width(b.shape[-1])).float()
         return centres.numpy() if as_np else centres
 
+    # ---- continuous values <-> [-1, 1] (the flow head's space: the same range, not binned)
+    def to_unit(self, actions):
+        """float actions [..., n] in [low, high] -> [-1, 1] (clipped)."""
+        a, as_np = _torch(actions)
+        low, high = self._bounds(a.shape[-1])
+        low, high = low.to(a.device), high.to(a.device)
+        u = (2.0 * (a.double() - low) / (high - low) - 1.0).clamp_(-1.0, 1.0).float()
+        return u.numpy() if as_np else u
+
+    def from_unit(self, u):
+        """[-1, 1] [..., n] -> float32 actions in [low, high] (clipped first)."""
+        x, as_np = _torch(u)
+        low, high = self._bounds(x.shape[-1])
+        low, high = low.to(x.device), high.to(x.device)
+        a = (low + (x.double().clamp(-1.0, 1.0) + 1.0) * 0.5 * (high - low)).float()
+        return a.numpy() if as_np else a
+
     # ---- continuous values <-> vocabulary ids
     def encode(self, actions):
         """float actions [...] -> int64 token ids [...] (values outside [low, high] are clipped)."""

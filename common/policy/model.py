@@ -30,12 +30,15 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..config import BackboneConfig, PolicyConfig
+from ..config import BackboneConfig, FlowConfig, PolicyConfig
 from .action_head import ACTION_HEADS, ActionQueries, query_attention_mask
 from .action_tokenizer import ActionTokenizer
 from .backbone import (ImageSpec, base_state_dict, check_backbone_dir, load_backbone, quiet,
                        write_tiny_backbone)
 from .families import family_of
+from .flow import flow_matching_loss, interpolate, sample_time
+from .flow_expert import FlowExpert
+from .flow_sampling import FlowSampling, chain_logprob, sample_chain
 from .logprobs import action_log_softmax, reduce_logprobs, token_logprobs
 from .prompt import make_layout, tokenize_instructions
 from .value_head import ImageTokens, StateEncoder, ValueHead
@@ -45,7 +48,7 @@ BACKBONE_DIR = "backbone"
 ADAPTER_DIR = "adapter"
 HEADS_FILE = "heads.safetensors"
 # Parameters of the policy's own beside the VLM: trained with LoRA too, saved in HEADS_FILE.
-HEAD_PREFIXES = ("value_head.", "state_encoder.", "action_queries.", "image_tokens.")
+HEAD_PREFIXES = ("value_head.", "state_encoder.", "action_queries.", "image_tokens.", "flow_expert.")
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 FORMAT = "asyncvla-vla-policy"
 FORMAT_VERSION = 1
@@ -53,13 +56,18 @@ FORMAT_VERSION = 1
 # must agree with the config on these.
 STRUCTURAL_KEYS = ("image_size", "action_dim", "num_action_chunks", "n_bins", "max_instruction_tokens",
                    "state_dim", "is_lora", "lora_rank", "value_encoder", "action_head", "cnn_image_tokens")
+# The flow expert's shape (policy.flow.*): the rest of policy.flow may change between runs.
+FLOW_STRUCTURAL_KEYS = ("width", "depth", "heads", "kv_heads", "head_dim", "mlp", "noise_method")
 
 
 class ActOutput(NamedTuple):
-    actions: np.ndarray        # float32 [B, K, D], bin centres in [action_low, action_high]
-    action_tokens: np.ndarray  # int64 [B, N] vocabulary ids
-    logprobs: np.ndarray       # float32 [B, N] token level, under the sampling temperature
+    actions: np.ndarray        # float32 [B, K, D], bin centres (flow: continuous) in [action_low, action_high]
+    action_tokens: np.ndarray  # int64 [B, N] vocabulary ids (flow: [B, 0])
+    logprobs: np.ndarray       # float32 [B, N] token level, under the sampling temperature (flow: per
+                               # chunk entry, the mean over the chain's Gaussian steps)
     values: np.ndarray         # float32 [B]
+    flow_chain: np.ndarray | None = None       # flow: float32 [B, S+1, K, D], noise ... the chunk in [-1, 1]
+    flow_stochastic: np.ndarray | None = None  # flow: uint8 [B, S], 1 = that denoising step was Gaussian
 
 
 class EvalOutput(NamedTuple):
@@ -103,6 +111,10 @@ class VLAPolicy(nn.Module):
                                              getattr(vlm.config.text_config, "initializer_range", 0.02))
                                if cfg.action_head == "parallel" else None)
         self.image_tokens = ImageTokens(cfg.cnn_image_tokens, hidden) if cfg.cnn_image_tokens else None
+        f = cfg.flow
+        self.flow_expert = (FlowExpert(cfg.action_dim, cfg.num_action_chunks, hidden, f.width, f.depth, f.heads,
+                                       f.kv_heads, f.head_dim, f.mlp, learn_noise=f.noise_method == "flow_noise")
+                            if cfg.action_head == "flow" else None)
         image_seq_len = self.family.image_seq_len(vlm.config, image_spec.model_size)
         self.layout = make_layout(tokenizer, vlm.config.image_token_id, image_seq_len,
                                   cfg.max_instruction_tokens, state_token=cfg.state_dim > 0,
@@ -119,7 +131,7 @@ class VLAPolicy(nn.Module):
             policy = cls.from_pretrained(path, device=device, dtype=dtype)
             policy._check_matches(cfg, path)
             policy.cfg = dataclasses.replace(policy.cfg, temperature=cfg.temperature, precision=cfg.precision,
-                                             pretrained_path=path)
+                                             pretrained_path=path, flow=cfg.flow)
             return policy
         with (contextlib.nullcontext(path) if path else tempfile.TemporaryDirectory()) as src:
             if not path:  # written and then loaded like any checkpoint
@@ -189,11 +201,13 @@ class VLAPolicy(nn.Module):
         return policy.to(torch.device(device)).eval()
 
     def _check_matches(self, cfg: PolicyConfig, path: str):
-        for key in STRUCTURAL_KEYS:
-            if getattr(cfg, key) != getattr(self.cfg, key):
-                raise ValueError(f"policy.{key}={getattr(cfg, key)!r} but the checkpoint "
-                                 f"policy.pretrained_path='{path}' was saved with "
-                                 f"{key}={getattr(self.cfg, key)!r}")
+        pairs = [(key, getattr(cfg, key), getattr(self.cfg, key)) for key in STRUCTURAL_KEYS]
+        if cfg.action_head == "flow" == self.cfg.action_head:
+            pairs += [(f"flow.{k}", getattr(cfg.flow, k), getattr(self.cfg.flow, k)) for k in FLOW_STRUCTURAL_KEYS]
+        for key, wanted, saved in pairs:
+            if wanted != saved:
+                raise ValueError(f"policy.{key}={wanted!r} but the checkpoint "
+                                 f"policy.pretrained_path='{path}' was saved with {key}={saved!r}")
 
     # ------------------------------------------------------------------------- properties
     @property
@@ -211,6 +225,11 @@ class VLAPolicy(nn.Module):
     @property
     def num_action_tokens(self) -> int:
         return self.cfg.num_action_chunks * self.cfg.action_dim
+
+    @property
+    def flow_sampling(self) -> FlowSampling:
+        f = self.cfg.flow
+        return FlowSampling(f.num_steps, f.noise_method, f.noise_level, f.log_std_min, f.log_std_max)
 
     # ------------------------------------------------------------------------ entry points
     def tokenize(self, texts) -> tuple[np.ndarray, np.ndarray]:
@@ -231,6 +250,8 @@ class VLAPolicy(nn.Module):
         temperature = self.temperature if temperature is None else temperature
         image, ids, mask, state = self._inputs(image, ids, mask, state)
         prompt = self._prompt(image, ids, mask, state)
+        if self.flow_expert is not None:
+            return self._act_flow(prompt, greedy, generator)
         if self.action_queries is not None:
             forward = self._query_pass(prompt)
             bins = self._choose(forward[0], temperature, greedy, generator)
@@ -243,12 +264,17 @@ class VLAPolicy(nn.Module):
         return ActOutput(actions.numpy(), tokens.cpu().numpy(), logp.cpu().numpy(), values.cpu().numpy())
 
     def evaluate(self, image, ids, mask, state, action_tokens, logprob_type: str = "token_level",
-                 temperature: float | None = None) -> EvalOutput:
+                 temperature: float | None = None, flow_chain=None, flow_stochastic=None) -> EvalOutput:
         """Log-probs, entropies and values of given action tokens (with grad): teacher-forced with the
         autoregressive head; the one query pass with the parallel head (the tokens are not its input).
-        Log-probs are under softmax(logits / T), T = policy.temperature unless given, as in `act`."""
+        Log-probs are under softmax(logits / T), T = policy.temperature unless given, as in `act`.
+        Flow head: of the given chains instead (`act`'s flow_chain and flow_stochastic); the entropy
+        is that of their Gaussian steps, and mode_tokens is empty [B, 0]."""
         temperature = self.temperature if temperature is None else temperature
         image, ids, mask, state = self._inputs(image, ids, mask, state)
+        if self.flow_expert is not None:
+            return self._evaluate_flow(self._prompt(image, ids, mask, state), flow_chain, flow_stochastic,
+                                       logprob_type)
         bins = self._action_token_input(action_tokens, ids.shape[0]) - self.action_tokenizer.first_id
         logp, entropy, values, mode = self._score(self._prompt(image, ids, mask, state), bins, temperature)
         k, d = self.cfg.num_action_chunks, self.cfg.action_dim
@@ -438,6 +464,69 @@ class VLAPolicy(nn.Module):
         hidden = self._decode(embeds, attn, pos, cache=None, use_cache=False).last_hidden_state
         return self._action_logits(hidden[:, p:]), self.value_head(hidden[:, p - 1], image)
 
+    # ------------------------------------------------------------------------ flow head
+    def _prefix_pass(self, prompt):
+        """The prompt alone -> the VLM's hidden states of every layer (embeddings first) and the
+        value [B]: what the action expert reads, computed once per chunk."""
+        embeds, attn, pos, image = prompt
+        out = self._decode(embeds, self._prompt_mask(attn, embeds.dtype), pos, cache=None, use_cache=False,
+                           output_hidden_states=True)
+        return out.hidden_states, self.value_head(out.last_hidden_state[:, -1], image)
+
+    def _act_flow(self, prompt, greedy: bool, generator) -> ActOutput:
+        hidden_states, values = self._prefix_pass(prompt)
+        kv = self.flow_expert.prefix_kv(hidden_states, len(hidden_states) - 1)
+        b, k, d = prompt[0].shape[0], self.cfg.num_action_chunks, self.cfg.action_dim
+        out = sample_chain(self.flow_expert, self.flow_sampling, kv, prompt[1], (b, k, d), greedy, generator)
+        actions = self.action_tokenizer.from_unit(out.chain[:, -1].reshape(b, k * d)).reshape(b, k, d)
+        return ActOutput(actions.cpu().numpy(), np.zeros((b, 0), np.int64),
+                         out.logp.reshape(b, k * d).cpu().numpy(), values.float().cpu().numpy(),
+                         out.chain.cpu().numpy(), out.stochastic.to(torch.uint8).cpu().numpy())
+
+    def _evaluate_flow(self, prompt, chain, stochastic, logprob_type: str) -> EvalOutput:
+        b, k, d = prompt[0].shape[0], self.cfg.num_action_chunks, self.cfg.action_dim
+        chain, stochastic = self._flow_chain_input(chain, stochastic, b)
+        hidden_states, values = self._prefix_pass(prompt)
+        kv = self.flow_expert.prefix_kv(hidden_states, len(hidden_states) - 1)
+        logp, entropy = chain_logprob(self.flow_expert, self.flow_sampling, kv, prompt[1], chain, stochastic)
+        return EvalOutput(reduce_logprobs(logp.reshape(b, k * d), logprob_type, k, d),
+                          reduce_logprobs(entropy.reshape(b, k * d), logprob_type, k, d), values,
+                          torch.zeros(b, 0, dtype=torch.long, device=values.device))
+
+    def flow_matching_loss(self, image, ids, mask, state, actions, generator=None):
+        """SFT of the flow head (with grad): pi0's loss on demo actions [B, K, D] (env units, mapped
+        to [-1, 1] with the policy's action range) at times from Beta(policy.flow.time_alpha, 1).
+        Returns (loss, values [B])."""
+        image, ids, mask, state = self._inputs(image, ids, mask, state)
+        prompt = self._prompt(image, ids, mask, state)
+        b, k, d = image.shape[0], self.cfg.num_action_chunks, self.cfg.action_dim
+        target = self.action_tokenizer.to_unit(_as_tensor(actions).to(self.device, torch.float32).reshape(b, k * d))
+        target = target.reshape(b, k, d)
+        hidden_states, values = self._prefix_pass(prompt)
+        kv = self.flow_expert.prefix_kv(hidden_states, len(hidden_states) - 1)
+        dev = generator.device if generator is not None else self.device
+        noise = torch.randn(target.shape, generator=generator, device=dev).to(self.device)
+        t = sample_time((b,), generator, self.cfg.flow.time_alpha).to(self.device)
+        x_t, _ = interpolate(target, noise, t)
+        velocity = self.flow_expert(x_t.to(hidden_states[-1].dtype), t, kv, prompt[1])
+        return flow_matching_loss(velocity, target, noise), values
+
+    def _flow_chain_input(self, chain, stochastic, batch: int):
+        n, k, d = self.cfg.flow.num_steps, self.cfg.num_action_chunks, self.cfg.action_dim
+        if chain is None or stochastic is None:
+            raise ValueError("a flow-head policy evaluates chains: pass flow_chain and flow_stochastic "
+                             "(act's outputs), not action tokens")
+        chain, stochastic = _as_tensor(chain), _as_tensor(stochastic)
+        if tuple(chain.shape) != (batch, n + 1, k, d) or not chain.is_floating_point():
+            raise ValueError(f"flow_chain must be float [B={batch}, S+1={n + 1}, K={k}, D={d}] "
+                             f"(policy.flow.num_steps={n}); got {str(chain.dtype).replace('torch.', '')} "
+                             f"{list(chain.shape)}")
+        if tuple(stochastic.shape) != (batch, n):
+            raise ValueError(f"flow_stochastic must be [B={batch}, S={n}]; got {list(stochastic.shape)}")
+        if not torch.isfinite(chain).all():
+            raise ValueError("flow_chain holds NaN or inf")
+        return chain.to(self.device, torch.float32), stochastic.to(self.device).bool()
+
     def _pixels(self, image: torch.Tensor) -> torch.Tensor:
         """uint8 [B, H, W, 3] -> normalised [B, 3, h, w] as the checkpoint's image processor would."""
         spec = self.image_spec
@@ -482,9 +571,10 @@ class VLAPolicy(nn.Module):
             return query_attention_mask(attn, 0, dtype, bidirectional_prompt=True)
         return attn
 
-    def _decode(self, embeds, attn, pos, cache, use_cache: bool):
+    def _decode(self, embeds, attn, pos, cache, use_cache: bool, output_hidden_states: bool = False):
         return self.family.decoder(self._vlm)(inputs_embeds=embeds, attention_mask=attn, position_ids=pos,
-                                              past_key_values=cache, use_cache=use_cache)
+                                              past_key_values=cache, use_cache=use_cache,
+                                              output_hidden_states=output_hidden_states)
 
     def _action_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of the action ids only (the last n_bins of the vocabulary): [..., n_bins]."""
@@ -538,5 +628,8 @@ def _as_lists(d: dict, keys) -> dict:
 def _policy_config_from_dict(d: dict) -> PolicyConfig:
     names = {f.name for f in dataclasses.fields(PolicyConfig)}
     bnames = {f.name for f in dataclasses.fields(BackboneConfig)}
+    fnames = {f.name for f in dataclasses.fields(FlowConfig)}
     backbone = BackboneConfig(**{k: v for k, v in d.get("backbone", {}).items() if k in bnames})
-    return PolicyConfig(**{k: v for k, v in d.items() if k in names and k != "backbone"}, backbone=backbone)
+    flow = FlowConfig(**{k: v for k, v in d.get("flow", {}).items() if k in fnames})
+    return PolicyConfig(**{k: v for k, v in d.items() if k in names and k not in ("backbone", "flow")},
+                        backbone=backbone, flow=flow)

@@ -1,0 +1,119 @@
+"""VLAPolicy with policy.action_head=flow: act and evaluate agree, SFT's flow loss trains it, it
+round-trips through save_pretrained, and bad chains or mismatched checkpoints get one line."""
+
+import numpy as np
+import pytest
+import torch
+
+from asyncvla.common.config import load_config
+from asyncvla.common.policy import VLAPolicy
+
+B = 3
+
+
+def policy(*overrides):
+    cfg = load_config("configs/pixel_task.yaml", ["policy.action_head=flow", *overrides])
+    return VLAPolicy.build(cfg.policy), cfg
+
+
+def batch(p, seed=0):
+    rng = np.random.default_rng(seed)
+    size = p.cfg.image_size
+    ids, mask = p.tokenize(["reach the red dot", "reach", "go to the dot"])
+    state = rng.standard_normal((B, p.cfg.state_dim)).astype(np.float32) if p.cfg.state_dim else None
+    return rng.integers(0, 255, (B, size, size, 3), dtype=np.uint8), ids, mask, state
+
+
+@pytest.mark.parametrize("method", ["flow_sde", "flow_noise"])
+def test_the_learner_scores_the_actors_chain_as_the_actor_did(method):
+    p, cfg = policy(f"policy.flow.noise_method={method}", "policy.flow.num_steps=5")
+    obs = batch(p)
+    out = p.act(*obs, generator=torch.Generator().manual_seed(0))
+    k, d = cfg.policy.num_action_chunks, cfg.policy.action_dim
+    assert out.actions.shape == (B, k, d) and out.flow_chain.shape == (B, 6, k, d)
+    assert out.action_tokens.shape == (B, 0) and out.logprobs.shape == (B, k * d)
+    assert out.flow_stochastic.dtype == np.uint8 and out.flow_stochastic.sum(1).tolist() == \
+        ([1] * B if method == "flow_sde" else [5] * B)
+    low, high = np.array(p.action_tokenizer.low), np.array(p.action_tokenizer.high)
+    assert np.all(out.actions >= low - 1e-6) and np.all(out.actions <= high + 1e-6)
+    for level, width in (("token_level", k * d), ("action_level", k), ("chunk_level", 1)):
+        ev = p.evaluate(*obs, None, level, flow_chain=out.flow_chain, flow_stochastic=out.flow_stochastic)
+        assert ev.logprobs.shape == (B, width) and ev.mode_tokens.shape == (B, 0)
+        expect = torch.as_tensor(out.logprobs).reshape(B, k, d)
+        expect = {"token_level": expect.reshape(B, -1), "action_level": expect.sum(-1),
+                  "chunk_level": expect.sum((1, 2))[:, None]}[level]
+        torch.testing.assert_close(ev.logprobs.detach(), expect, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ev.values.detach(), torch.as_tensor(out.values), atol=1e-6, rtol=0)
+
+
+def test_greedy_integrates_the_same_ode_from_the_same_noise():
+    p, _ = policy()
+    obs = batch(p, 1)
+    a = p.act(*obs, greedy=True, generator=torch.Generator().manual_seed(3))
+    b = p.act(*obs, greedy=True, generator=torch.Generator().manual_seed(3))
+    c = p.act(*obs, greedy=True, generator=torch.Generator().manual_seed(4))
+    assert not a.flow_stochastic.any() and np.array_equal(a.actions, b.actions)
+    assert not np.allclose(a.actions, c.actions)
+
+
+def test_flow_matching_sft_lowers_its_loss_and_trains_expert_and_backbone():
+    p, _ = policy()
+    obs = batch(p, 2)
+    target = np.random.default_rng(0).uniform(-0.8, 0.8, (B, p.cfg.num_action_chunks, p.cfg.action_dim))
+    p.train()
+    opt = torch.optim.Adam([q for q in p.parameters() if q.requires_grad], lr=3e-3)
+    first = None
+    for step in range(60):
+        loss, _ = p.flow_matching_loss(*obs, target.astype(np.float32), torch.Generator().manual_seed(step % 4))
+        opt.zero_grad()
+        loss.backward()
+        if step == 0:
+            first = loss.item()
+            assert p.flow_expert.velocity_out.weight.grad.abs().sum() > 0
+            assert any(q.grad is not None and q.grad.abs().sum() > 0 for n, q in p.named_parameters()
+                       if n.startswith("backbone."))
+        opt.step()
+    last = np.mean([p.flow_matching_loss(*obs, target.astype(np.float32), torch.Generator().manual_seed(s))[0].item()
+                    for s in range(4)])
+    assert last < 0.5 * first, (first, last)
+
+
+def test_a_flow_policy_round_trips_and_mismatches_are_named(tmp_path):
+    p, cfg = policy("policy.flow.noise_method=flow_noise")
+    obs = batch(p, 3)
+    p.save_pretrained(str(tmp_path / "flow"))
+    q = VLAPolicy.from_pretrained(str(tmp_path / "flow"))
+    a = p.act(*obs, generator=torch.Generator().manual_seed(5))
+    b = q.act(*obs, generator=torch.Generator().manual_seed(5))
+    assert np.array_equal(a.actions, b.actions) and np.array_equal(a.logprobs, b.logprobs)
+    with pytest.raises(ValueError, match=r"policy.flow.width=128 .* saved with flow.width=64"):
+        VLAPolicy.build(load_config("configs/pixel_task.yaml", [
+            "policy.action_head=flow", "policy.flow.noise_method=flow_noise", "policy.flow.width=128",
+            f"policy.pretrained_path={tmp_path / 'flow'}"]).policy)
+    with pytest.raises(ValueError, match=r"policy.action_head='parallel' .* saved with action_head='flow'"):
+        VLAPolicy.build(load_config("configs/pixel_task.yaml", [
+            "policy.action_head=parallel", f"policy.pretrained_path={tmp_path / 'flow'}"]).policy)
+    steps = VLAPolicy.build(load_config("configs/pixel_task.yaml", [      # sampling settings may change
+        "policy.action_head=flow", "policy.flow.noise_method=flow_noise", "policy.flow.num_steps=8",
+        f"policy.pretrained_path={tmp_path / 'flow'}"]).policy)
+    assert steps.act(*obs).flow_chain.shape[1] == 9
+
+
+def test_bad_chains_and_flow_settings_get_one_line():
+    p, cfg = policy()
+    obs = batch(p)
+    out = p.act(*obs)
+    with pytest.raises(ValueError, match="pass flow_chain and flow_stochastic"):
+        p.evaluate(*obs, out.action_tokens)
+    with pytest.raises(ValueError, match=r"flow_chain must be float \[B=3, S\+1=5"):
+        p.evaluate(*obs, None, flow_chain=out.flow_chain[:, :3], flow_stochastic=out.flow_stochastic)
+    bad = out.flow_chain.copy()
+    bad[0, 1, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN or inf"):
+        p.evaluate(*obs, None, flow_chain=bad, flow_stochastic=out.flow_stochastic)
+    from asyncvla.common.config import ConfigError
+    for override, words in [("policy.flow.heads=6", "policy.flow.heads=6 must be a multiple of policy.flow.kv_heads"),
+                            ("policy.flow.noise_level=0", "policy.flow.noise_level=0"),
+                            ("policy.flow.num_steps=0", "policy.flow.num_steps=0")]:
+        with pytest.raises(ConfigError, match=words.replace(".", r"\.")):
+            load_config("configs/pixel_task.yaml", ["policy.action_head=flow", "policy.flow.kv_heads=4", override])
