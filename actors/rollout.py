@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from asyncvla.common.protocol import OBS_FIELDS, SEGMENT_FIELDS, final_field
+from asyncvla.common.protocol import FLOW_FIELDS, OBS_FIELDS, SEGMENT_FIELDS, final_field
 
 
 class InstructionCache:
@@ -45,7 +45,9 @@ def collect_segment(env, policy, tokenize: InstructionCache, state: RolloutState
     """Run T policy steps; return (arrays named and typed as protocol.SEGMENT_FIELDS, info).
     `state` is advanced in place."""
     obs_seq, episodes = [], []
-    steps = {k: [] for k in ("action_tokens", "behavior_logp", "rewards", "terminated", "truncated")}
+    steps = {k: [] for k in ("behavior_logp", "rewards", "terminated", "truncated")}
+    # a token head's action tokens, or a flow head's chains (protocol.FLOW_FIELDS)
+    steps.update({k: [] for k in (FLOW_FIELDS if policy.cfg.action_head == "flow" else ("action_tokens",))})
     finals = {"index": [], "rows": []}
     env_steps, act_s, env_s = 0, 0.0, 0.0
     for t in range(T):
@@ -58,9 +60,11 @@ def collect_segment(env, policy, tokenize: InstructionCache, state: RolloutState
         step = env.step_chunk(np.asarray(out.actions))
         env_s += time.perf_counter() - t1
         act_s += t1 - t0
-        for k, v in (("action_tokens", out.action_tokens), ("behavior_logp", out.logprobs),
+        for k, v in (("action_tokens", out.action_tokens), ("flow_chain", out.flow_chain),
+                     ("flow_stochastic", out.flow_stochastic), ("behavior_logp", out.logprobs),
                      ("rewards", step.reward), ("terminated", step.terminated), ("truncated", step.truncated)):
-            steps[k].append(np.asarray(v))
+            if k in steps:
+                steps[k].append(np.asarray(v))
         _keep_truncation_finals(finals, t, step, obs)
         episodes += step.episodes
         env_steps += int(step.env_steps)

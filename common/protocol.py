@@ -358,7 +358,8 @@ class Field(NamedTuple):
     """One segment array: its dtype tag, its dims and its role.
 
     dims: ints are fixed; letters are sizes: T steps, "T1" = T+1, B envs, H/W image, L instruction,
-    S state, N action tokens (K*D), R the K axis of action-level rewards, n truncations, E episodes.
+    S state, N action tokens (K*D), R the K axis of action-level rewards, n truncations, E episodes,
+    F a flow head's denoising steps ("F1" = F+1), K x D its chunk.
     role: "obs" [T+1, B, ...] (the last one bootstraps V), "step" [T, B, ...], "final" [n, ...]
     (the final observation of each truncated episode, named final_<obs>), "index" (final_index
     [n, 2]: the (t, b) of each truncation), "episode" [E] (stats of episodes that ended).
@@ -379,6 +380,9 @@ SEGMENT_FIELDS: dict[str, Field] = {
     **{k: Field(dt, ("T1", "B", *d), "obs") for k, (dt, d) in _OBSERVATION.items()},
     "action_tokens": Field("int64", ("T", "B", "N"), "step"),
     "behavior_logp": Field("float32", ("T", "B", "N"), "step"),
+    # A flow head sends its chains instead of action tokens (the learner recomputes their log-probs).
+    "flow_chain": Field("float32", ("T", "B", "F1", "K", "D"), "step"),
+    "flow_stochastic": Field("uint8", ("T", "B", "F"), "step"),
     "rewards": Field("float32", ("T", "B", "R"), "step"),
     "terminated": Field("uint8", ("T", "B"), "step"),
     "truncated": Field("uint8", ("T", "B"), "step"),
@@ -392,6 +396,7 @@ OBS_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.role == "obs")
 TIME_MAJOR_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.role in ("obs", "step"))
 FINAL_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.role == "final")
 STATE_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if "S" in f.dims)   # present only when S > 0
+FLOW_FIELDS = ("flow_chain", "flow_stochastic")      # present instead of action_tokens when F > 0
 # Value checks on receipt: floats finite, flags and masks 0/1, token ids below the vocabulary
 # (action tokens within the action ids), rewards bounded.
 FINITE_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.dtype == "float32")
@@ -420,7 +425,9 @@ class SegmentSpec:
     num_steps (exact T), max_steps, max_envs, vocab_size (token ids must be below it),
     first_action_id (action tokens must be at least it: the action ids are the vocabulary's last
     ones), max_abs_reward (|reward| must not exceed it), max_episode_steps (the env's episode
-    limit: a reported episode length must lie in [1, it]; unset: MAX_EPISODE_STEPS)."""
+    limit: a reported episode length must lie in [1, it]; unset: MAX_EPISODE_STEPS). A flow head's
+    segments (flow_steps F > 0, action_dim D) carry flow_chain and flow_stochastic instead of
+    action_tokens, and their behaviour log-probs are Gaussian densities, which may be positive."""
     image_size: int
     instruction_len: int
     num_tokens: int
@@ -434,10 +441,14 @@ class SegmentSpec:
     first_action_id: int | None = None
     max_abs_reward: float | None = None
     max_episode_steps: int | None = None
+    flow_steps: int = 0
+    action_dim: int = 0
 
     def fields(self) -> dict[str, Field]:
         """The expected arrays: name -> Field."""
-        fields = {k: v for k, v in SEGMENT_FIELDS.items() if self.state_dim > 0 or k not in STATE_FIELDS}
+        absent = (() if self.state_dim > 0 else STATE_FIELDS) + \
+            (("action_tokens",) if self.flow_steps > 0 else FLOW_FIELDS)
+        fields = {k: v for k, v in SEGMENT_FIELDS.items() if k not in absent}
         if not self.action_level_rewards:
             fields["rewards"] = Field("float32", ("T", "B"), "step")
         return fields
@@ -518,10 +529,10 @@ def _fields_of(spec: SegmentSpec) -> dict[str, Field]:
 
 
 def _segment_dims(arrays: dict, spec: SegmentSpec, meta: dict) -> dict[str, int]:
-    tokens = arrays["action_tokens"]
-    if tokens.ndim != 3:
-        raise ValidationError("bad_shape", f"'action_tokens' must be [T, B, N], got {tokens.shape}")
-    T, B = tokens.shape[:2]
+    steps = arrays["terminated"]
+    if steps.ndim != 2:
+        raise ValidationError("bad_shape", f"'terminated' must be [T, B], got {steps.shape}")
+    T, B = steps.shape
     if (T, B) != (meta["num_steps"], meta["num_envs"]):
         raise ValidationError("bad_shape", f"arrays have T={T}, B={B}; meta says num_steps="
                                            f"{meta['num_steps']}, num_envs={meta['num_envs']}")
@@ -534,7 +545,8 @@ def _segment_dims(arrays: dict, spec: SegmentSpec, meta: dict) -> dict[str, int]
     first = lambda name: arrays[name].shape[0] if arrays[name].ndim else -1
     return {"T": T, "T1": T + 1, "B": B, "H": spec.image_size, "W": spec.image_size,
             "L": spec.instruction_len, "S": spec.state_dim, "N": spec.num_tokens,
-            "R": spec.num_action_chunks, "n": first("final_index"), "E": first("ep_return")}
+            "R": spec.num_action_chunks, "n": first("final_index"), "E": first("ep_return"),
+            "F": spec.flow_steps, "F1": spec.flow_steps + 1, "K": spec.num_action_chunks, "D": spec.action_dim}
 
 
 class _Run(NamedTuple):
@@ -592,9 +604,12 @@ def _check_segment_values(msg: Message, spec: SegmentSpec, dims: dict, group_che
             if not test(np.ndarray((run.count,), run.dtype, msg.buffers[run.frame], run.offset)):
                 bad = next((n for n in run.names if not test(arrays[n].reshape(-1))), "padding")
                 raise ValidationError(reason, f"'{bad}' {what}")
-    if arrays["behavior_logp"].size and arrays["behavior_logp"].max() > 1e-3:
+    if not spec.flow_steps and arrays["behavior_logp"].size and arrays["behavior_logp"].max() > 1e-3:
         raise ValidationError("bad_values", "'behavior_logp' holds positive log-probabilities")
-    if spec.vocab_size is not None and arrays["action_tokens"].size:
+    if spec.flow_steps and arrays["flow_stochastic"].size and not arrays["flow_stochastic"].any(-1).all():
+        raise ValidationError("bad_values", "'flow_stochastic' has a chunk with no Gaussian step: its "
+                                            "log-prob cannot be recomputed")
+    if spec.vocab_size is not None and "action_tokens" in arrays and arrays["action_tokens"].size:
         low = spec.first_action_id or 0
         # shifted and seen as uint64, an id below `low` is huge: one max() checks both ends
         shifted = arrays["action_tokens"] - low if low else arrays["action_tokens"]

@@ -68,8 +68,8 @@ class ColumnBuffer:
 
     def add(self, arrays: dict, version: int) -> None:
         self._queue.append([arrays, version, 0])
-        self._columns += arrays["action_tokens"].shape[1]
-        self.column_counts["added"] += arrays["action_tokens"].shape[1]
+        self._columns += arrays["terminated"].shape[1]
+        self.column_counts["added"] += arrays["terminated"].shape[1]
 
     def drop_stale(self, current_version: int) -> None:
         """Forget every column older than max_policy_lag versions (actors run different versions,
@@ -78,8 +78,8 @@ class ColumnBuffer:
         for entry in self._queue:
             arrays, version, start = entry
             if current_version - version > self.max_policy_lag:
-                self._columns -= arrays["action_tokens"].shape[1] - start
-                self.column_counts["dropped"] += arrays["action_tokens"].shape[1] - start
+                self._columns -= arrays["terminated"].shape[1] - start
+                self.column_counts["dropped"] += arrays["terminated"].shape[1] - start
                 self.dropped["stale"] += 1
             else:
                 keep.append(entry)
@@ -100,7 +100,7 @@ class ColumnBuffer:
         while n > 0:
             entry = self._queue[0]
             arrays, version, start = entry
-            avail = arrays["action_tokens"].shape[1] - start
+            avail = arrays["terminated"].shape[1] - start
             k = min(n, avail)
             parts.append((arrays, version, start, start + k))
             if k == avail:

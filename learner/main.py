@@ -329,7 +329,8 @@ def _segment_spec(cfg: Config, tokenizer) -> SegmentSpec:
                        action_level_rewards=cfg.algorithm.reward_type == "action_level",
                        num_steps=cfg.actor.rollout_length,
                        vocab_size=tokenizer.vocab_size, first_action_id=tokenizer.first_id,
-                       max_abs_reward=cfg.learner.max_abs_reward, max_episode_steps=cfg.env.max_episode_steps)
+                       max_abs_reward=cfg.learner.max_abs_reward, max_episode_steps=cfg.env.max_episode_steps,
+                       flow_steps=p.flow.num_steps if p.action_head == "flow" else 0, action_dim=p.action_dim)
 
 
 def _check_alive(servers) -> None:

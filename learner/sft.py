@@ -6,6 +6,7 @@ It trains the RL learner's own policy on the RL learner's own DeepSpeed ZeRO-3 e
 (`engine.build_engine`) and checkpoints with the same code (`checkpoint.save/load`). The loop:
     a minibatch of demo samples (learner/sft_data.py)
     loss = cross-entropy of the demo's action tokens (teacher-forced, temperature 1)
+           (a flow head: pi0's flow-matching loss on the demo's action chunk)
          + value_loss_coef * (V(x) - G)^2        (critic warm-up on the demos' discounted returns)
     every eval_interval and at the end: validation loss, token accuracy, critic explained variance,
         and success of the policy sampled as actors sample (the launcher's `evaluate` callback)
@@ -129,7 +130,8 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
         if writer is not None:
             for k, v in stats.items():
                 writer.add_scalar(f"sft/train_{k}", v, step)
-        bar.set_postfix_str(f"loss {stats['loss']:.3f} acc {stats['token_accuracy']:.2f}")
+        bar.set_postfix_str(f"loss {stats['loss']:.3f}" + (f" acc {stats['token_accuracy']:.2f}"
+                                                              if "token_accuracy" in stats else ""))
         bar.update(1)
         last = step == sc.steps
         if last or (sc.eval_interval and step % sc.eval_interval == 0):
@@ -181,34 +183,42 @@ def _tokenize(policy, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return ids[index], mask[index]
 
 
-def _forward(engine, data: SFTSamples, index, ids, mask, tokenizer, cfg: Config, rng=None):
+def _forward(engine, data: SFTSamples, index, ids, mask, tokenizer, cfg: Config, rng=None, seed: int = 0):
     """Teacher-forced pass over samples `index` of `data` (ids/mask are indexed by data's rows);
-    with `rng` (training), images get sft.augment_shift."""
+    with `rng` (training), images get sft.augment_shift. Returns (per-sample losses [n], values,
+    returns, token hits [n, N] or None): a token head's cross-entropy of the demo tokens, a flow
+    head's flow-matching loss (its noise and times drawn from `rng`, else from `seed`)."""
     device = next(engine.module.parameters()).device
-    tokens = tokenizer.encode(data.actions[index].reshape(len(index), -1))
     t = lambda x: torch.as_tensor(np.ascontiguousarray(x), device=device)   # noqa: E731
     state = None if data.states is None else t(data.states[index])
     images = data.images[index]
     if rng is not None:
         images = random_shift(images, cfg.sft.augment_shift, rng)
-    out = engine(t(images), t(ids[index]), t(mask[index]), state, t(tokens), "token_level",
-                 temperature=1.0)
-    return out, t(tokens), t(data.returns[index]).float()
+    returns = t(data.returns[index]).float()
+    if cfg.policy.action_head == "flow":
+        gen = torch.Generator().manual_seed(int(rng.integers(1 << 31)) if rng is not None else seed)
+        loss, values = engine(t(images), t(ids[index]), t(mask[index]), state,
+                              flow_matching_actions=t(data.actions[index]), generator=gen)
+        return loss.expand(len(index)), values, returns, None
+    tokens = t(tokenizer.encode(data.actions[index].reshape(len(index), -1)))
+    out = engine(t(images), t(ids[index]), t(mask[index]), state, tokens, "token_level", temperature=1.0)
+    return -out.logprobs.mean(1), out.values, returns, out.mode_tokens == tokens
 
 
 def _train_step(engine, data: SFTSamples, index, ids, mask, tokenizer, cfg: Config, accum: int,
                 rng: np.random.Generator) -> dict:
     engine.train()
-    sums = {"loss": 0.0, "value_loss": 0.0, "token_accuracy": 0.0}
+    sums = {"loss": 0.0, "value_loss": 0.0}
     micro = np.array_split(index, accum)
     for rows in micro:
-        out, tokens, returns = _forward(engine, data, rows, ids, mask, tokenizer, cfg, rng)
-        loss, stats = sft_loss(out.logprobs, out.values, returns, cfg.sft.value_loss_coef)
+        losses, values, returns, hits = _forward(engine, data, rows, ids, mask, tokenizer, cfg, rng)
+        loss, stats = sft_loss(-losses, values, returns, cfg.sft.value_loss_coef)
         engine.backward(loss * (len(rows) * accum / len(index)))     # DeepSpeed divides by accum
         engine.step()
-        stats["token_accuracy"] = float((out.mode_tokens == tokens).float().mean())
-        for k in sums:
-            sums[k] += stats[k] * len(rows) / len(index)
+        if hits is not None:
+            stats["token_accuracy"] = float(hits.float().mean())
+        for k, v in stats.items():
+            sums[k] = sums.get(k, 0.0) + v * len(rows) / len(index)
     return sums
 
 
@@ -219,13 +229,14 @@ def _evaluate(engine, eval_policy, val, ids, mask, tokenizer, cfg, step, evaluat
     if val is not None:
         engine.eval()
         losses, hits, values = [], [], []
-        for rows in np.array_split(np.arange(len(val)), -(-len(val) // cfg.learner.micro_batch_size)):
-            out, tokens, _ = _forward(engine, val, rows, ids, mask, tokenizer, cfg)
-            losses.append(-out.logprobs.mean(1))
-            hits.append((out.mode_tokens == tokens).float().mean(1))
-            values.append(out.values)
+        for i, rows in enumerate(np.array_split(np.arange(len(val)), -(-len(val) // cfg.learner.micro_batch_size))):
+            loss, value, _, hit = _forward(engine, val, rows, ids, mask, tokenizer, cfg, seed=i)
+            losses.append(loss)
+            values.append(value)
+            if hit is not None:
+                hits.append(hit.float().mean(1))
         record["val_loss"] = float(torch.cat(losses).mean())
-        record["val_token_accuracy"] = float(torch.cat(hits).mean())
+        record["val_token_accuracy"] = float(torch.cat(hits).mean()) if hits else None
         record["val_explained_variance"] = explained_variance(torch.cat(values).cpu().numpy(), val.returns)
     weights = gather_trainable(engine)         # a collective: every rank
     if eval_policy is not None and evaluate is not None:
@@ -239,8 +250,8 @@ def _evaluate(engine, eval_policy, val, ids, mask, tokenizer, cfg, step, evaluat
 def _format(r: dict) -> str:
     parts = [f"sft step {r['step']}"]
     if r.get("val_loss") is not None:
-        parts.append(f"val loss {r['val_loss']:.3f} acc {r['val_token_accuracy']:.2f} "
-                     f"critic EV {r['val_explained_variance']:.2f}")
+        acc = "" if r.get("val_token_accuracy") is None else f" acc {r['val_token_accuracy']:.2f}"
+        parts.append(f"val loss {r['val_loss']:.3f}{acc} critic EV {r['val_explained_variance']:.2f}")
     if r.get("success_rate") is not None:
         parts.append(f"success {100 * r['success_rate']:.0f}% "
                      f"[{100 * r['success_ci_low']:.0f}, {100 * r['success_ci_high']:.0f}]")

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from asyncvla.common.config import Config
 from asyncvla.common.policy import reduce_logprobs
-from asyncvla.common.protocol import OBS_FIELDS, final_field
+from asyncvla.common.protocol import FLOW_FIELDS, OBS_FIELDS, final_field
 from asyncvla.learner.ingest import Batch
 from asyncvla.learner.loss import ppo_loss_from_config
 from asyncvla.learner.vtrace import bootstrap_truncated, chunk_rewards, vtrace
@@ -103,9 +103,10 @@ def outputs_finite(engine, batch: Batch, cfg: Config, device) -> bool:
     overflow the forward pass, and actors served them would sample from NaN. A collective (one
     forward pass and one all-reduce on every rank)."""
     a = batch.arrays
-    rows = slice(0, min(a["action_tokens"].shape[1], cfg.learner.micro_batch_size))
+    rows = slice(0, min(a["terminated"].shape[1], cfg.learner.micro_batch_size))
     obs = {k: a[k][0, rows] for k in OBS_FIELDS if k in a}
-    out = engine(*_inputs(obs, a["action_tokens"][0, rows], device), cfg.algorithm.logprob_type)
+    args, kwargs = _inputs(obs, {k: a[k][0, rows] for k in _action_fields(a)}, device)
+    out = engine(*args, cfg.algorithm.logprob_type, **kwargs)
     bad = torch.tensor([0 if bool(torch.isfinite(out.logprobs).all() and torch.isfinite(out.values).all())
                         else 1], device=device)
     if dist.is_available() and dist.is_initialized():
@@ -117,22 +118,24 @@ def outputs_finite(engine, batch: Batch, cfg: Config, device) -> bool:
 @torch.no_grad()
 def compute_targets(engine, batch: Batch, cfg: Config, device) -> dict:
     a = batch.arrays
-    T, N = a["action_tokens"].shape[:2]
+    T, N = a["terminated"].shape[:2]
     level = cfg.algorithm.logprob_type
     K, D = cfg.policy.num_action_chunks, cfg.policy.action_dim
 
     # π_θ on all T+1 observations (the last only for its value) and on the truncation finals.
     obs = {k: _flat(a[k]) for k in OBS_FIELDS if k in a}                  # [(T+1)*N, ...]
-    tokens = _flat(np.concatenate([a["action_tokens"], a["action_tokens"][-1:]]))
+    # (the last observation's actions: any valid ones, only V is used there; likewise for the finals)
+    actions = {k: _flat(np.concatenate([a[k], a[k][-1:]])) for k in _action_fields(a)}
     n_final = _max_over_ranks(len(batch.final_index), device)
     if n_final:
         fin = _pad_rows({k: batch.finals[final_field(k)] for k in obs if final_field(k) in batch.finals},
                         n_final, like=obs)
         obs = {k: np.concatenate([obs[k], fin[k]]) for k in obs}
-        tokens = np.concatenate([tokens, np.repeat(tokens[:1], n_final, axis=0)])   # any valid tokens: only V is used
+        actions = {k: np.concatenate([v, np.repeat(v[:1], n_final, axis=0)]) for k, v in actions.items()}
     logp, values = [], []
-    for sl in _chunks(len(tokens), cfg.learner.micro_batch_size):
-        out = engine(*_inputs({k: v[sl] for k, v in obs.items()}, tokens[sl], device), level)
+    for sl in _chunks(len(obs["image"]), cfg.learner.micro_batch_size):
+        args, kwargs = _inputs({k: v[sl] for k, v in obs.items()}, {k: v[sl] for k, v in actions.items()}, device)
+        out = engine(*args, level, **kwargs)
         logp.append(out.logprobs.float())
         values.append(out.values.float())
     logp, values = torch.cat(logp), torch.cat(values)
@@ -175,9 +178,9 @@ def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device, seed: i
     from `seed`; each rank shuffles its own columns, only the number of passes must match). After
     each minibatch's optimizer step `guard` (if any) learns whether it was finite."""
     a = batch.arrays
-    T, N = a["action_tokens"].shape[:2]
+    T, N = a["terminated"].shape[:2]
     obs = {k: _flat(a[k][:T]) for k in OBS_FIELDS if k in a}
-    tokens = _flat(a["action_tokens"])
+    actions = {k: _flat(a[k]) for k in _action_fields(a)}
     flat = {k: targets[k].reshape(T * N, *targets[k].shape[2:])
             for k in ("behavior_logp", "prox_logp", "old_values", "vs", "advantages", "rhos")}
     alg = cfg.algorithm
@@ -193,8 +196,9 @@ def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device, seed: i
             losses_finite, loss_text = True, ""
             for sl in micro:
                 idx = mb[sl]
-                out = engine(*_inputs({k: v[idx] for k, v in obs.items()}, tokens[idx], device),
-                             alg.logprob_type)
+                args, kwargs = _inputs({k: v[idx] for k, v in obs.items()}, {k: v[idx] for k, v in actions.items()},
+                                       device)
+                out = engine(*args, alg.logprob_type, **kwargs)
                 t_idx = torch.from_numpy(idx).to(device)
                 loss, stats = ppo_loss_from_config(
                     alg, new_logp=out.logprobs.float(), behavior_logp=flat["behavior_logp"][t_idx],
@@ -237,10 +241,19 @@ def _chunks(n: int, size: int):
         yield slice(lo, min(n, lo + size))
 
 
-def _inputs(obs: dict, tokens: np.ndarray, device):
+def _action_fields(arrays: dict) -> tuple:
+    """What the policy scores: a token head's action tokens, or a flow head's chains."""
+    return tuple(k for k in ("action_tokens", *FLOW_FIELDS) if k in arrays)
+
+
+def _inputs(obs: dict, actions: dict, device):
+    """(args, kwargs) of engine(*args, logprob_type, **kwargs): the observation and the action
+    tokens (None for a flow head), and a flow head's chains."""
     t = lambda x: torch.from_numpy(np.ascontiguousarray(x)).to(device)   # noqa: E731
-    return (t(obs["image"]), t(obs["instruction"]), t(obs["instruction_mask"]),
-            t(obs["state"]) if "state" in obs else None, t(tokens))
+    args = (t(obs["image"]), t(obs["instruction"]), t(obs["instruction_mask"]),
+            t(obs["state"]) if "state" in obs else None,
+            t(actions["action_tokens"]) if "action_tokens" in actions else None)
+    return args, {k: t(actions[k]) for k in FLOW_FIELDS if k in actions}
 
 
 def _pad_rows(arrays: dict, n: int, like: dict) -> dict:

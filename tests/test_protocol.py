@@ -15,9 +15,10 @@ from tests.wire import header_of, pack_header
 LIMITS = Limits.for_kind(P.SEGMENT, 64)
 
 
-def make_spec(T=16, B=8, H=128, L=32, K=4, D=7, S=0, action_level=False, vocab=512) -> SegmentSpec:
+def make_spec(T=16, B=8, H=128, L=32, K=4, D=7, S=0, action_level=False, vocab=512, flow_steps=0) -> SegmentSpec:
     return SegmentSpec(image_size=H, instruction_len=L, num_tokens=K * D, num_action_chunks=K, state_dim=S,
-                       action_level_rewards=action_level, num_steps=T, max_envs=B, vocab_size=vocab)
+                       action_level_rewards=action_level, num_steps=T, max_envs=B, vocab_size=vocab,
+                       flow_steps=flow_steps, action_dim=D)
 
 
 def make_segment(spec: SegmentSpec | None = None, B: int = 8, seq: int = 0, actor_id: str = "actor-0",
@@ -57,6 +58,12 @@ def make_segment(spec: SegmentSpec | None = None, B: int = 8, seq: int = 0, acto
     if S:
         arrays["state"] = rng.standard_normal((T + 1, B, S)).astype(np.float32)
         arrays["final_state"] = rng.standard_normal((n, S)).astype(np.float32)
+    if spec.flow_steps:              # a flow head: chains instead of tokens; Gaussian densities may exceed 1
+        F, D = spec.flow_steps, N // K
+        del arrays["action_tokens"]
+        arrays["flow_chain"] = rng.standard_normal((T, B, F + 1, K, D)).astype(np.float32)
+        arrays["flow_stochastic"] = np.eye(F, dtype=np.uint8)[rng.integers(0, F, (T, B))]
+        arrays["behavior_logp"] = rng.standard_normal((T, B, N)).astype(np.float32) * 3
     meta = {"actor_id": actor_id, "seq": seq, "policy_version": 3, "num_steps": T, "num_envs": B,
             "env_steps": T * B * K, "act_s": 0.25, "env_s": 1.5, "token": process_token(actor_id)}
     return Segment(meta=meta, arrays=arrays)
@@ -293,20 +300,21 @@ def _naive_value_problem(arrays: dict, vocab: int) -> str | None:
         if name in arrays and any(not np.isfinite(float(x)) for x in arrays[name].ravel()):
             return "not_finite"
     for name in P.BINARY_FIELDS:
-        if any(int(x) not in (0, 1) for x in arrays[name].ravel()):
+        if name in arrays and any(int(x) not in (0, 1) for x in arrays[name].ravel()):
             return "bad_values"
     for name in P.TEXT_FIELDS:
-        if any(not 0 <= int(x) < vocab for x in arrays[name].ravel()):
+        if name in arrays and any(not 0 <= int(x) < vocab for x in arrays[name].ravel()):
             return "bad_token"
     return None
 
 
+@pytest.mark.parametrize("flow_steps", [0, 3])
 @pytest.mark.parametrize("order", ["wire", "schema", "shuffled"])
-def test_grouped_value_checks_match_a_field_by_field_check(order):
+def test_grouped_value_checks_match_a_field_by_field_check(order, flow_steps):
     """Floats finite, flags 0/1 and text ids in the vocabulary are checked once per group of fields
     lying side by side; whatever order a sender uses, the verdict is the per-field one."""
     rng = np.random.default_rng(7)
-    spec = make_spec(T=4, B=2, H=16, L=8, K=2, D=3, S=3, vocab=512)
+    spec = make_spec(T=4, B=2, H=16, L=8, K=2, D=3, S=3, vocab=512, flow_steps=flow_steps)
     groups = [P.FINITE_FIELDS, P.BINARY_FIELDS, P.TEXT_FIELDS]
     bad_values = {"not_finite": [np.nan, np.inf, -np.inf], "bad_values": [2, 255], "bad_token": [-1, 512, 1 << 40]}
     for trial in range(120):
@@ -314,7 +322,7 @@ def test_grouped_value_checks_match_a_field_by_field_check(order):
         arrays = {k: v.copy() for k, v in seg.arrays.items()}
         if trial % 4:                                    # one corrupt element in a random field of a group
             group = groups[int(rng.integers(3))]
-            name = str(rng.choice([k for k in group if arrays[k].size]))
+            name = str(rng.choice([k for k in group if k in arrays and arrays[k].size]))
             reason = {0: "not_finite", 1: "bad_values", 2: "bad_token"}[groups.index(group)]
             arrays[name].flat[int(rng.integers(arrays[name].size))] = rng.choice(bad_values[reason])
         names = list(P.WIRE_ORDER if order == "wire" else P.SEGMENT_FIELDS)
@@ -481,3 +489,30 @@ def test_all_finite_matches_a_naive_check():
         assert P.all_finite(a) == naive
     big = np.full(1000, np.finfo(np.float32).max, np.float32)      # large but finite: no overflow
     assert P.all_finite(big)
+
+
+def test_a_flow_heads_segment_carries_its_chains_and_they_are_checked():
+    """flow_steps > 0: flow_chain and flow_stochastic replace action_tokens, positive behaviour
+    log-densities pass, and a chain without a Gaussian step, a non-finite chain or tokens sent
+    instead of chains are refused with their reason."""
+    spec = make_spec(T=3, B=2, H=16, L=8, K=2, D=3, flow_steps=4)
+    seg = make_segment(spec, B=2, truncations=1, episodes=1)
+    assert seg.arrays["behavior_logp"].max() > 0
+    back = P.decode_segment(as_bytearrays(P.encode_segment(seg)), spec, LIMITS)
+    assert_same(seg, back)
+
+    def refused(change, reason, words):
+        arrays = {k: v.copy() for k, v in seg.arrays.items()}
+        change(arrays)
+        with pytest.raises(ValidationError) as err:
+            P.decode_segment(P.encode(P.SEGMENT, seg.meta, arrays), spec, LIMITS)
+        assert err.value.reason == reason and words in str(err.value), str(err.value)
+
+    refused(lambda a: a["flow_stochastic"].__setitem__((1, 0), 0), "bad_values", "no Gaussian step")
+    refused(lambda a: a["flow_chain"].__setitem__((0, 1, 2, 0, 0), np.nan), "not_finite", "'flow_chain'")
+    refused(lambda a: a["flow_stochastic"].__setitem__((0, 0, 0), 2), "bad_values", "'flow_stochastic'")
+    refused(lambda a: a.__setitem__("flow_chain", a["flow_chain"][:, :, :3]), "bad_shape", "'flow_chain'")
+    refused(lambda a: a.update(action_tokens=np.zeros((3, 2, 6), np.int64)), "bad_fields", "unexpected ['action_tokens']")
+    token_spec = make_spec(T=3, B=2, H=16, L=8, K=2, D=3)
+    with pytest.raises(ValidationError, match="bad_fields"):
+        P.decode_segment(P.encode_segment(seg), token_spec, LIMITS)

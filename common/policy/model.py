@@ -282,8 +282,11 @@ class VLAPolicy(nn.Module):
                           reduce_logprobs(entropy, logprob_type, k, d), values,
                           mode + self.action_tokenizer.first_id)
 
-    def forward(self, *args, **kwargs) -> EvalOutput:
-        """Same as `evaluate`, so a DeepSpeed engine wrapping this module can be called directly."""
+    def forward(self, *args, flow_matching_actions=None, generator=None, **kwargs):
+        """Same as `evaluate`, so a DeepSpeed engine wrapping this module can be called directly;
+        with flow_matching_actions, `flow_matching_loss` of the observation args (flow SFT)."""
+        if flow_matching_actions is not None:
+            return self.flow_matching_loss(*args[:4], flow_matching_actions, generator)
         return self.evaluate(*args, **kwargs)
 
     def value(self, image, ids, mask, state=None) -> torch.Tensor:
