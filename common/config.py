@@ -122,6 +122,8 @@ class FlowConfig:
     log_std_min: float = opt(-5.0, "Flow-Noise: lower end of the learned log-std")
     log_std_max: float = opt(-1.0, "Flow-Noise: upper end of the learned log-std")
     time_alpha: float = opt(1.5, "SFT draws the denoising time from Beta(time_alpha, 1) (pi0: 1.5)", gt=0.0)
+    train_expert_only: bool = opt(False, "train only the action expert and the value head, the VLM frozen "
+                                  "(pi0's expert-only fine-tuning); else as policy.is_lora says")
 
 
 @dataclass

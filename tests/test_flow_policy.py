@@ -117,3 +117,36 @@ def test_bad_chains_and_flow_settings_get_one_line():
                             ("policy.flow.num_steps=0", "policy.flow.num_steps=0")]:
         with pytest.raises(ConfigError, match=words.replace(".", r"\.")):
             load_config("configs/pixel_task.yaml", ["policy.action_head=flow", "policy.flow.kv_heads=4", override])
+
+
+def test_pi0_config_has_pi0s_shape_on_the_meta_device():
+    """configs/pi0_gpu.yaml: a PaliGemma-3B-shaped backbone (2.94 B; published 2.92 B, our SigLIP
+    MLP is 4x its width) and a Gemma-300M-shaped expert (0.32 B): 3.26 B, pi0's ~3.3 B; only the
+    expert and the value head train."""
+    from transformers import PaliGemmaForConditionalGeneration
+
+    from asyncvla.common.policy.backbone import build_tiny_tokenizer, tiny_backbone_config
+    from asyncvla.common.policy.families import family_by_name
+    from asyncvla.common.policy.flow_expert import FlowExpert
+
+    cfg = load_config("configs/pi0_gpu.yaml")
+    p, f = cfg.policy, cfg.policy.flow
+    family = family_by_name(p.backbone.family)
+    config = tiny_backbone_config(p.backbone, p.image_size, build_tiny_tokenizer(p.backbone.vocab_size - p.n_bins,
+                                                                                 family), family)
+    with torch.device("meta"):
+        vlm = PaliGemmaForConditionalGeneration(config)
+        expert = FlowExpert(p.action_dim, p.num_action_chunks, p.backbone.text_hidden_size, f.width, f.depth,
+                            f.heads, f.kv_heads, f.head_dim, f.mlp)
+    backbone = sum(t.numel() for t in vlm.parameters())
+    head = sum(t.numel() for t in expert.parameters())
+    assert 2.9e9 < backbone < 3.0e9 and 0.30e9 < head < 0.33e9 and 3.2e9 < backbone + head < 3.35e9, (backbone, head)
+    assert p.action_head == "flow" and f.train_expert_only and cfg.actor.device == "cuda"
+
+
+def test_expert_only_training_freezes_the_vlm():
+    p, _ = policy("policy.flow.train_expert_only=true", "policy.is_lora=true")
+    trainable = {n for n, q in p.named_parameters() if q.requires_grad}
+    assert trainable and all(n.startswith(("flow_expert.", "value_head.", "state_encoder.", "image_tokens.",
+                                           "action_queries.")) for n in trainable)
+    assert any(n.startswith("flow_expert.") for n in trainable)

@@ -57,7 +57,8 @@ FORMAT_VERSION = 1
 STRUCTURAL_KEYS = ("image_size", "action_dim", "num_action_chunks", "n_bins", "max_instruction_tokens",
                    "state_dim", "is_lora", "lora_rank", "value_encoder", "action_head", "cnn_image_tokens")
 # The flow expert's shape (policy.flow.*): the rest of policy.flow may change between runs.
-FLOW_STRUCTURAL_KEYS = ("width", "depth", "heads", "kv_heads", "head_dim", "mlp", "noise_method")
+FLOW_STRUCTURAL_KEYS = ("width", "depth", "heads", "kv_heads", "head_dim", "mlp", "noise_method",
+                        "train_expert_only")
 
 
 class ActOutput(NamedTuple):
@@ -299,6 +300,8 @@ class VLAPolicy(nn.Module):
 
     # --------------------------------------------------------------- trainable parameters
     def _is_trainable(self, name: str) -> bool:
+        if self.cfg.action_head == "flow" and self.cfg.flow.train_expert_only:
+            return name.startswith(HEAD_PREFIXES)
         if not self.cfg.is_lora:
             return True
         return ".lora_" in name or name.startswith(HEAD_PREFIXES)
