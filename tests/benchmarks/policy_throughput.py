@@ -1,6 +1,7 @@
 """Throughput of the tiny VLA policy on CPU (default config: K=4, D=7, 64 px, LoRA rank 32), with
 each action head: autoregressive (N = K*D passes of the language model per act, KV cache, then
-one scoring pass) and parallel (one pass over the prompt and N action queries).
+one scoring pass), parallel (one pass over the prompt and N action queries) and flow (one pass
+over the prompt, then the action expert once per denoising step: 4, the default, and 10).
 
 act():      policy actions (chunks of K env steps) per second at batch 1, 8 and 32 (sampling, no grad)
 evaluate(): samples per second of forward + backward (the learner's inner step) at batch 8 and 32
@@ -18,13 +19,16 @@ import time
 import numpy as np
 import torch
 
-from asyncvla.common.config import PolicyConfig
+from asyncvla.common.config import FlowConfig, PolicyConfig
 from asyncvla.common.policy import VLAPolicy
-from asyncvla.common.policy.action_head import ACTION_HEADS
-from tests.benchmarks.report import Figure, at_least, best_of, main
+from tests.benchmarks.report import Figure, at_least, at_most, best_of, main
 
 ACT_BATCHES = (1, 8, 32)
 EVAL_BATCHES = (8, 32)
+HEADS = {"autoregressive": PolicyConfig(action_head="autoregressive"),
+         "parallel": PolicyConfig(action_head="parallel"),
+         "flow N=4": PolicyConfig(action_head="flow", flow=FlowConfig(num_steps=4)),
+         "flow N=10": PolicyConfig(action_head="flow", flow=FlowConfig(num_steps=10))}
 
 
 def run(quick: bool = False) -> dict:
@@ -34,9 +38,9 @@ def run(quick: bool = False) -> dict:
                "num_action_chunks": cfg.num_action_chunks, "action_dim": cfg.action_dim,
                "build_s": {}, "act": {}, "evaluate": {}, "trainable_state_dict": {}, "total_parameters": {}}
     policies = {}
-    for head in ACTION_HEADS:
+    for head, head_cfg in HEADS.items():
         t0 = time.perf_counter()
-        policies[head] = VLAPolicy.build(PolicyConfig(action_head=head))
+        policies[head] = VLAPolicy.build(head_cfg)
         results["build_s"][head] = round(time.perf_counter() - t0, 3)
     results["act"] = act_throughput(policies, repeats)
     for head, policy in policies.items():
@@ -81,10 +85,12 @@ def evaluate_throughput(policy, repeats: int) -> dict:
     policy.train()
     for b in EVAL_BATCHES:
         image, ids, mask = _batch(policy, b)
-        tokens = policy.act(image, ids, mask, generator=torch.Generator().manual_seed(1)).action_tokens
+        acted = policy.act(image, ids, mask, generator=torch.Generator().manual_seed(1))
+        chains = {"flow_chain": acted.flow_chain, "flow_stochastic": acted.flow_stochastic} \
+            if acted.flow_chain is not None else {}
 
         def step():
-            out = policy.evaluate(image, ids, mask, None, tokens)
+            out = policy.evaluate(image, ids, mask, None, acted.action_tokens, **chains)
             (-(out.logprobs.sum()) + out.values.square().sum()).backward()
             policy.zero_grad(set_to_none=True)
         step()  # warm-up
@@ -124,6 +130,12 @@ def figures(results: dict) -> list[Figure]:
             goal = b == "batch_8"            # the issue's figure: 7 x 4-token chunks at batch 8
             out.append(Figure("policy (tiny VLA)", f"act() parallel / autoregressive, {b}", ratio, "x",
                               ">= 5x" if goal else "", at_least(ratio, 5.0) if goal else None))
+    if {"flow N=4", "parallel"} <= set(act):
+        for b in act["parallel"]:
+            cost = act["flow N=4"][b]["seconds_per_call"] / act["parallel"][b]["seconds_per_call"]
+            goal = b == "batch_8"            # the flow head's budget: at most 2x the parallel head
+            out.append(Figure("policy (tiny VLA)", f"act() time flow N=4 / parallel, {b}", cost, "x",
+                              "<= 2x" if goal else "", at_most(cost, 2.0) if goal else None))
     for head, rows in results["evaluate"].items():
         for b, r in rows.items():
             out.append(Figure("policy (tiny VLA)", f"evaluate() {head} fwd+bwd {b} samples/s", r["samples_per_s"],
