@@ -10,6 +10,11 @@ pass turned into numbers by `token_logprobs`), at the same temperature (`policy.
 unless overridden), so the learner's log-probs of the behaviour tokens reproduce the actor's
 exactly for the same weights and inputs.
 
+With `flow` (flow_expert.py, flow_sampling.py) the actions are continuous: one pass over the prompt
+gives every layer's hidden states, an action expert denoises the chunk from them in
+policy.flow.num_steps steps, and `act` returns the chain with its Gaussian steps, whose log-prob
+`evaluate` recomputes from the same prompt pass.
+
 The root module owns no parameters of its own (DeepSpeed ZeRO-3 gathers parameters with hooks on
 submodules), and the VLM's submodules are always called, never their weights read, for the same reason.
 """
