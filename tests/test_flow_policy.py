@@ -150,3 +150,16 @@ def test_expert_only_training_freezes_the_vlm():
     assert trainable and all(n.startswith(("flow_expert.", "value_head.", "state_encoder.", "image_tokens.",
                                            "action_queries.")) for n in trainable)
     assert any(n.startswith("flow_expert.") for n in trainable)
+
+
+def test_a_bf16_backbone_feeds_the_fp32_expert():
+    """policy.precision=bf16 (a GPU's default) keeps the heads in fp32: the expert takes the VLM's
+    bf16 hidden states and the fp32 chain, and evaluate still scores act's chain exactly."""
+    p, _ = policy("policy.precision=bf16")
+    assert next(p.backbone.parameters()).dtype == torch.bfloat16
+    assert next(p.flow_expert.parameters()).dtype == torch.float32
+    obs = batch(p, 4)
+    out = p.act(*obs, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ev = p.evaluate(*obs, None, flow_chain=out.flow_chain, flow_stochastic=out.flow_stochastic)
+    torch.testing.assert_close(ev.logprobs, torch.as_tensor(out.logprobs), atol=1e-5, rtol=0)

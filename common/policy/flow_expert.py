@@ -108,11 +108,12 @@ class FlowExpert(nn.Module):
         return max(1, round((layer + 1) * vlm_layers / self.depth))
 
     def prefix_kv(self, hidden_states, vlm_layers: int) -> list:
-        return [layer.prefix_kv(self.prefix_in(hidden_states[self.vlm_layer_of(i, vlm_layers)]))
+        dtype = self.prefix_in.weight.dtype          # (a bf16 VLM beside an fp32 expert, or the reverse)
+        return [layer.prefix_kv(self.prefix_in(hidden_states[self.vlm_layer_of(i, vlm_layers)].to(dtype)))
                 for i, layer in enumerate(self.layers)]
 
     def hidden(self, x: torch.Tensor, t: torch.Tensor, prefix_kv: list, prefix_mask: torch.Tensor) -> torch.Tensor:
-        a = self.action_in(x)
+        a = self.action_in(x.to(self.velocity_out.weight.dtype))     # (the chain is fp32; a bf16 expert)
         tau = time_embedding(t, self.width).to(a.dtype)[:, None].expand_as(a)
         h = self.time_mlp(torch.cat([a, tau], -1)) + self.position
         for layer, kv in zip(self.layers, prefix_kv):
