@@ -57,10 +57,11 @@ def demo_spec(cfg: Config) -> DemoSpec:
                     camera_settings=tuple(sorted(camera_settings(cfg.env).items())))
 
 
-def sft_loss(token_logp: torch.Tensor, values: torch.Tensor, returns: torch.Tensor,
+def sft_loss(policy_loss: torch.Tensor, values: torch.Tensor, returns: torch.Tensor,
              value_loss_coef: float) -> tuple[torch.Tensor, dict]:
-    """Mean token cross-entropy + value_loss_coef * mean squared error of V against the returns."""
-    ce = -token_logp.mean()
+    """Mean of the per-sample policy losses (a token head's cross-entropy, a flow head's
+    flow-matching loss) + value_loss_coef * mean squared error of V against the returns."""
+    ce = policy_loss.mean()
     value_loss = (values - returns).pow(2).mean()
     loss = ce + value_loss_coef * value_loss
     return loss, {"loss": float(ce.detach()), "value_loss": float(value_loss.detach())}
@@ -212,7 +213,7 @@ def _train_step(engine, data: SFTSamples, index, ids, mask, tokenizer, cfg: Conf
     micro = np.array_split(index, accum)
     for rows in micro:
         losses, values, returns, hits = _forward(engine, data, rows, ids, mask, tokenizer, cfg, rng)
-        loss, stats = sft_loss(-losses, values, returns, cfg.sft.value_loss_coef)
+        loss, stats = sft_loss(losses, values, returns, cfg.sft.value_loss_coef)
         engine.backward(loss * (len(rows) * accum / len(index)))     # DeepSpeed divides by accum
         engine.step()
         if hits is not None:

@@ -85,7 +85,7 @@ def test_episode_without_instruction_takes_the_default_or_fails():
 
 def test_sft_loss_and_explained_variance():
     logp = torch.log(torch.tensor([[0.5, 0.25], [1.0, 0.5]]))
-    loss, stats = sft_loss(logp, torch.tensor([1.0, 2.0]), torch.tensor([0.0, 2.0]), value_loss_coef=2.0)
+    loss, stats = sft_loss(-logp.mean(1), torch.tensor([1.0, 2.0]), torch.tensor([0.0, 2.0]), value_loss_coef=2.0)
     ce = -logp.mean()
     assert torch.isclose(loss, ce + 2.0 * 0.5) and np.isclose(stats["value_loss"], 0.5)
     y = np.array([1.0, 2.0, 3.0, 4.0])
