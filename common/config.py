@@ -251,6 +251,12 @@ class AlgorithmConfig:
     value_loss_type: str = opt("mse", "value loss", choices=["mse", "huber"])
     huber_delta: float = opt(1.0, "Huber loss delta", gt=0.0)
     value_clip: Optional[float] = opt(None, "clip new values to old +- this (null disables)", gt=0.0)
+    value_norm: bool = opt(False, "the value head predicts returns normalised by a running mean and std of "
+                           "the V-trace targets (learner/value_norm.py): the value loss stays O(1) at any "
+                           "reward scale, so its gradient cannot swamp the policy's in the global "
+                           "gradient-norm clip (learner.clip_grad)")
+    value_norm_decay: float = opt(0.99, "decay per learner update of value_norm's running statistics",
+                                  ge=0.0, lt=1.0)
     normalize_advantages: bool = opt(True, "normalise advantages per batch")
     advantage_scale: float = opt(1.0, "multiply advantages by this after normalisation", gt=0.0)
     update_epochs: int = opt(1, "passes over each batch", ge=1)

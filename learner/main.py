@@ -48,6 +48,7 @@ from asyncvla.learner.metrics import Metrics, group, write_accounting
 from asyncvla.learner.publish import EmaPublisher, Publisher, trainable_finite
 from asyncvla.learner.starvation import Roster, StarvationWatch
 from asyncvla.learner.update import FiniteGuard, NonFiniteError, outputs_finite, update
+from asyncvla.learner.value_norm import ValueNorm
 
 log = logging.getLogger("asyncvla.learner")
 
@@ -76,7 +77,7 @@ def run(cfg: Config) -> int:
     run_dir, resume_from = run_dir_of_config(cfg), _resume_point(cfg)
     _check_writable(run_dir / CHECKPOINTS)
     engine, policy_dir = _build_engine(cfg, run_dir, cols, device)
-    step, version, env_steps, ema = _restore(engine, resume_from, cfg, rank)
+    step, version, env_steps, ema, value_norm = _restore(engine, resume_from, cfg, rank)
     start_step = step
     metrics = Metrics(open_trackers(cfg, run_dir, "learner") if rank == 0 else None, cfg.learner.max_steps,
                       cfg.logging.progress, start_step=step, env_steps=env_steps, eval_dir=run_dir / "eval")
@@ -119,7 +120,7 @@ def run(cfg: Config) -> int:
         t1 = time.perf_counter()
         batch = inbox.take(cols)
         try:
-            stats = update(engine, batch, cfg, device, step, guard)
+            stats = update(engine, batch, cfg, device, step, guard, value_norm)
             step += 1
             publish_now = step % cfg.learner.publish_interval == 0
             save_now = bool(cfg.checkpoint.save_interval) and step % cfg.checkpoint.save_interval == 0
@@ -141,7 +142,7 @@ def run(cfg: Config) -> int:
         report = metrics.report(step, scalars, inbox.drops, samples=cols * cfg.actor.rollout_length * world,
                                 device=device, time_up=_time_up(cfg, started), rank0_only=_server_figures(servers))
         if save_now:
-            tag = _save(engine, run_dir, step, version, metrics.env_steps, ema, cfg)
+            tag = _save(engine, run_dir, step, version, metrics.env_steps, ema, value_norm, cfg)
             if tag is None:
                 save_failures += 1
             else:
@@ -155,7 +156,8 @@ def run(cfg: Config) -> int:
     # would replace the very checkpoint it stands on. A periodic save of the last step that failed
     # is tried once more.)
     if failure is None and step != saved_at:
-        failure, tag = _final_save(engine, batch, run_dir, step, version, metrics.env_steps, ema, cfg, device)
+        failure, tag = _final_save(engine, batch, run_dir, step, version, metrics.env_steps, ema, value_norm, cfg,
+                                   device)
         save_failures += failure is not None
         saved_at, saved_tag = (saved_at, saved_tag) if tag is None else (step, tag)
     write_accounting(run_dir, step, inbox, servers, nonfinite_steps=guard.skipped, checkpoint_failures=save_failures)
@@ -210,21 +212,25 @@ def _build_engine(cfg: Config, run_dir: Path, cols_per_rank: int, device):
 
 
 def _restore(engine, resume_from, cfg: Config, rank: int):
-    """(step, version, env_steps, EMA publisher on rank 0 / None) of a fresh or resumed run."""
+    """(step, version, env_steps, EMA publisher on rank 0 / None, ValueNorm / None) of a fresh or
+    resumed run."""
     ema = EmaPublisher(cfg.learner.rollout_ema_decay) if rank == 0 else None
+    value_norm = ValueNorm(cfg.algorithm.value_norm_decay) if cfg.algorithm.value_norm else None
     if resume_from is None:
-        return 0, 0, 0, ema
+        return 0, 0, 0, ema, value_norm
     try:
         state = checkpoint.load(engine, resume_from, config=cfg)
     except checkpoint.CheckpointError as e:
         raise SystemExit(f"asyncvla learner: {e}")
     if ema is not None:
         ema.load_state_dict(state["ema"])
+    if value_norm is not None and state.get("value_norm"):   # (none in a run saved without it: start anew)
+        value_norm.load_state_dict(state["value_norm"])
     log.info("resumed from %s at step %d, version %d", resume_from, state["step"], state["version"])
     if rank == 0:               # (this run is the resumed checkpoint's branch from now on)
         for moved in checkpoint.adopt(resume_from):
             log.info("checkpoint %s was saved after the one resumed from: moved to %s", moved.name, moved.parent)
-    return state["step"], state["version"], state["env_steps"], ema
+    return state["step"], state["version"], state["env_steps"], ema, value_norm
 
 
 def _serve(cfg: Config, run_dir: Path, policy_dir: Path, endpoints: list, world: int, version_fn, metrics,
@@ -246,11 +252,12 @@ def _serve(cfg: Config, run_dir: Path, policy_dir: Path, endpoints: list, world:
 
 
 # --------------------------------------------------------------------------------- helpers
-def _save(engine, run_dir, step, version, env_steps, ema, cfg, final: bool = False) -> Path | None:
+def _save(engine, run_dir, step, version, env_steps, ema, value_norm, cfg, final: bool = False) -> Path | None:
     """The checkpoint's tag dir, or None when it failed (logged by save(), the same on every rank)."""
     # save() adds every rank's RNG state
     state = {"step": step, "version": version, "env_steps": env_steps,
-             "config": to_dict(cfg), "ema": ema.state_dict() if ema is not None else None}
+             "config": to_dict(cfg), "ema": ema.state_dict() if ema is not None else None,
+             "value_norm": value_norm.state_dict() if value_norm is not None else None}
     return checkpoint.save(engine, run_dir, step, state, keep_last=cfg.checkpoint.keep_last, final=final)
 
 
@@ -261,13 +268,13 @@ def _write_end(run_dir, *record) -> None:
         log.error("the run's end record %s was not written: %s", run_dir / LEARNER_END, e)
 
 
-def _final_save(engine, batch, run_dir, step, version, env_steps, ema, cfg, device):
+def _final_save(engine, batch, run_dir, step, version, env_steps, ema, value_norm, cfg, device):
     """Save the last update's state (`batch`: its data): (None, the tag dir), or (why the run must
     end non-zero, None)."""
     unfit = _unfit(engine, batch, cfg, device)
     if unfit is not None:
         return f"update {step}: {unfit}; not saved", None
-    tag = _save(engine, run_dir, step, version, env_steps, ema, cfg, final=True)
+    tag = _save(engine, run_dir, step, version, env_steps, ema, value_norm, cfg, final=True)
     if tag is None:
         return f"the final checkpoint (update {step}) could not be written (see the error above)", None
     return None, tag

@@ -21,6 +21,7 @@ from asyncvla.common.policy import reduce_logprobs
 from asyncvla.common.protocol import FLOW_FIELDS, OBS_FIELDS, final_field
 from asyncvla.learner.ingest import Batch
 from asyncvla.learner.loss import ppo_loss_from_config
+from asyncvla.learner.value_norm import ValueNorm
 from asyncvla.learner.vtrace import bootstrap_truncated, chunk_rewards, vtrace
 
 log = logging.getLogger("asyncvla.learner")
@@ -34,11 +35,12 @@ def step_discount(cfg: Config) -> float:
 
 
 def update(engine, batch: Batch, cfg: Config, device: torch.device, step: int = 0,
-           guard: "FiniteGuard | None" = None) -> dict:
+           guard: "FiniteGuard | None" = None, value_norm: ValueNorm | None = None) -> dict:
     """Targets without gradient, then `update_epochs` passes of PPO over `num_minibatches`
     minibatches. `step` (the number of updates before this one) seeds the minibatch order;
-    `guard` sees every optimizer step (and raises NonFiniteError to stop the run)."""
-    targets = compute_targets(engine, batch, cfg, device)
+    `guard` sees every optimizer step (and raises NonFiniteError to stop the run); `value_norm`
+    (algorithm.value_norm) is updated with this batch's targets."""
+    targets = compute_targets(engine, batch, cfg, device, value_norm)
     stats = ppo_epochs(engine, batch, targets, cfg, device, seed=cfg.actor.seed * 1_000_003 + step,
                        guard=guard, update_number=step + 1)
     stats.update(targets["stats"])
@@ -116,7 +118,11 @@ def outputs_finite(engine, batch: Batch, cfg: Config, device) -> bool:
 
 # ------------------------------------------------------------------------------------ targets
 @torch.no_grad()
-def compute_targets(engine, batch: Batch, cfg: Config, device) -> dict:
+def compute_targets(engine, batch: Batch, cfg: Config, device, value_norm: ValueNorm | None = None) -> dict:
+    """V-trace targets, advantages and the behaviour/proximal log-probs of `batch`. With
+    `value_norm` the head's outputs are denormalised for V-trace, the statistics are updated with
+    the targets, and the value targets and old values come back normalised by the new ones
+    (the advantages stay in reward units: the loss normalises them itself)."""
     a = batch.arrays
     T, N = a["terminated"].shape[:2]
     level = cfg.algorithm.logprob_type
@@ -143,6 +149,8 @@ def compute_targets(engine, batch: Batch, cfg: Config, device) -> dict:
     target_logp = logp[: T * N].reshape(T, N, M)
     v_all = values[: (T + 1) * N].reshape(T + 1, N)
     final_values = values[(T + 1) * N:][: len(batch.final_index)]
+    if value_norm is not None:
+        v_all, final_values = value_norm.denormalize(v_all), value_norm.denormalize(final_values)
 
     behavior = reduce_logprobs(torch.from_numpy(a["behavior_logp"]).to(device), level, K, D)
     rewards = torch.from_numpy(a["rewards"]).to(device).float()
@@ -165,10 +173,14 @@ def compute_targets(engine, batch: Batch, cfg: Config, device) -> dict:
     vt = vtrace(behavior_logp=behavior, target_logp=target_logp if corrected else behavior, rewards=rewards,
                 values=v_all[:-1], bootstrap_value=v_all[-1], discounts=discounts,
                 rho_bar=cfg.algorithm.rho_bar, c_bar=cfg.algorithm.c_bar, lam=cfg.algorithm.vtrace_lambda)
-    return {"behavior_logp": behavior, "prox_logp": target_logp, "old_values": v_all[:-1], "vs": vt.vs,
-            "advantages": vt.pg_advantages, "rhos": vt.rhos,
-            "stats": {"rollout/reward_mean": float(rewards.mean()),
-                      "rollout/value_mean": float(v_all.mean())}}
+    stats = {"rollout/reward_mean": float(rewards.mean()), "rollout/value_mean": float(v_all.mean())}
+    old_values, vs = v_all[:-1], vt.vs
+    if value_norm is not None:
+        value_norm.update(vs)
+        old_values, vs = value_norm.normalize(old_values), value_norm.normalize(vs)
+        stats.update({"train/critic/value_norm_mean": value_norm.mean, "train/critic/value_norm_std": value_norm.std})
+    return {"behavior_logp": behavior, "prox_logp": target_logp, "old_values": old_values, "vs": vs,
+            "advantages": vt.pg_advantages, "rhos": vt.rhos, "stats": stats}
 
 
 # --------------------------------------------------------------------------------------- PPO

@@ -339,8 +339,9 @@ def update_batch(policy, cfg, rank: int):
     return buffer.take(UPDATE_B), Segment(meta=dict(seg.meta), arrays=a)
 
 
-def hand_targets(ref, batch, cfg) -> dict:
-    """V-trace targets by plain loops over (t, b) on an un-sharded copy of the policy."""
+def hand_targets(ref, batch, cfg, value_affine=(0.0, 1.0)) -> dict:
+    """V-trace targets by plain loops over (t, b) on an un-sharded copy of the policy; the head's
+    outputs mean value_affine[0] + value_affine[1] * output (a ValueNorm's mean and std)."""
     from asyncvla.common.policy import reduce_logprobs
 
     a, alg = batch.arrays, cfg.algorithm
@@ -350,7 +351,7 @@ def hand_targets(ref, batch, cfg) -> dict:
     def evaluate(image, ids, mask, tokens):
         with torch.no_grad():
             o = ref.evaluate(image[None], ids[None], mask[None], None, tokens[None], alg.logprob_type)
-        return o.logprobs[0].double(), float(o.values[0])
+        return o.logprobs[0].double(), value_affine[0] + value_affine[1] * float(o.values[0])
 
     V = np.zeros((T + 1, B))
     log_rho = np.zeros((T, B))
@@ -394,6 +395,7 @@ def phase_update(out: Path, rank: int, world: int) -> dict:
     from asyncvla.learner.loss import ppo_loss_from_config
     from asyncvla.learner.metrics import Metrics
     from asyncvla.learner.update import compute_targets, ppo_epochs
+    from asyncvla.learner.value_norm import ValueNorm
 
     cfg = load_config(None, POLICY_OVERRIDES + ["learner.micro_batch_size=64", "algorithm.update_epochs=1",
                                                 "algorithm.num_minibatches=1", "algorithm.gamma=0.9",
@@ -409,6 +411,12 @@ def phase_update(out: Path, rank: int, world: int) -> dict:
 
     targets = compute_targets(engine, batch, cfg, device)
     hand = hand_targets(ref, batch, cfg)
+    # With value normalisation: outputs read as mean + std * output, the statistics updated with
+    # every rank's targets, value targets and old values returned in the new statistics' units.
+    norm = ValueNorm(0.5)
+    norm.update(torch.tensor([-1.0, 5.0]))               # mean 2, std 3
+    normed = compute_targets(engine, batch, cfg, device, norm)
+    hand_normed = hand_targets(ref, batch, cfg, value_affine=(2.0, 3.0))
     stats = ppo_epochs(engine, batch, targets, cfg, device, seed=3)
     a = batch.arrays
     T, B = a["action_tokens"].shape[:2]
@@ -433,6 +441,8 @@ def phase_update(out: Path, rank: int, world: int) -> dict:
                                       time_up=(rank == 1 and i == REPORTS - 1)))
         sizes.append(len(metrics.actors) + sum(1 for _ in metrics.counts) + len(vars(metrics)))
     return {"targets": {k: targets[k].numpy() for k in ("vs", "advantages", "old_values")}, "hand": hand,
+            "normed": {k: normed[k].numpy() for k in ("vs", "advantages", "old_values")},
+            "hand_normed": hand_normed, "norm": (norm.mean, norm.std),
             "stats": stats, "ref_stats": ref_stats, "reports": [reports[0], reports[-1]], "sizes": sizes,
             "segment_episodes": len(segment.arrays["ep_return"]),
             "segment_success": float(segment.arrays["ep_success"].sum()),

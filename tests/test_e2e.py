@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from asyncvla.learner.checkpoint import read_client_state
 from tests.ports import run_port_overrides
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,10 +68,11 @@ def test_train_stops_when_every_local_actor_has_failed(tmp_path):
 
 def test_resume_from_the_checkpoints_folder_with_periodic_eval_ends_by_itself(tmp_path):
     """`--resume RUN/checkpoints` keeps RUN as the run directory for every process: the launcher's
-    files, the learner's checkpoints and the evaluator's results all land in RUN, and the run ends."""
+    files, the learner's checkpoints and the evaluator's results all land in RUN, and the run ends.
+    The value normalisation's statistics carry over too."""
     small = ["learner.batch_trajectories=4", "learner.micro_batch_size=16", "actor.num_envs=4",
              "actor.rollout_length=4", "launch.num_local_actors=1", "algorithm.num_minibatches=1",
-             "checkpoint.save_interval=1"]
+             "checkpoint.save_interval=1", "algorithm.value_norm=true", "algorithm.value_norm_decay=0.9"]
     first = train_pixel_task(tmp_path, "res", small + ["learner.max_steps=2", "eval.eval_interval=0"], timeout=300)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     run = tmp_path / "res"
@@ -89,6 +91,9 @@ def test_resume_from_the_checkpoints_folder_with_periodic_eval_ends_by_itself(tm
         summary = json.loads((run / "eval" / f"step_{step:08d}" / "summary.json").read_text())
         assert summary["step"] == step
     assert (run / "checkpoints" / "step_00000004" / "COMPLETE.json").exists()
+    # 4 updates' worth of statistics (2 saved, 2 after the resume), not 2 of a fresh start
+    norm = read_client_state(run / "checkpoints" / "step_00000004")["value_norm"]
+    assert norm["weight"] == pytest.approx(1 - 0.9 ** 4) and norm["sq_acc"] > 0
 
 
 # (also the fault suite's short runs: tests/faults_harness.py)

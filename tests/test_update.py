@@ -29,6 +29,25 @@ def test_targets_equal_a_hand_computed_vtrace(ranks):
         assert np.abs(hand["advantages"]).max() > 1e-3          # not a trivially zero case
 
 
+def test_value_norm_targets_are_the_hand_targets_in_the_updated_statistics(ranks):
+    means_stds = {r["norm"] for r in ranks}
+    assert len(means_stds) == 1                           # every rank folded in every rank's targets
+    (mean, std), = means_stds
+    all_vs = np.concatenate([r["hand_normed"]["vs"].ravel() for r in ranks])
+    # decay 0.5 after one batch of mean 2 and mean square 13 (accumulators 1, 6.5, weight 0.5)
+    m = 0.5 * 1.0 + 0.5 * all_vs.mean()
+    sq = 0.5 * 6.5 + 0.5 * (all_vs ** 2).mean()
+    w = 0.5 * 0.5 + 0.5
+    assert mean == pytest.approx(m / w, rel=1e-5)
+    assert std == pytest.approx(np.sqrt(sq / w - (m / w) ** 2), rel=1e-5)
+    for r in ranks:
+        t, hand = r["normed"], r["hand_normed"]
+        np.testing.assert_allclose(t["advantages"], hand["advantages"], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(t["vs"], (hand["vs"] - mean) / std, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(t["old_values"], (hand["values"] - mean) / std, rtol=1e-4, atol=1e-5)
+        assert not np.allclose(hand["vs"], r["hand"]["vs"], atol=1e-2)    # the affine map mattered
+
+
 def test_ppo_epoch_statistics_equal_the_loss_on_the_unsharded_copy(ranks):
     for r in ranks:
         for k in ("policy_loss", "value_loss", "entropy", "explained_variance", "clip_fraction"):
