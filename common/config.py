@@ -202,7 +202,9 @@ class LearnerConfig:
     adam_beta2: float = opt(0.999, "Adam beta2", ge=0.0, lt=1.0)
     adam_eps: float = opt(1e-5, "Adam epsilon", gt=0.0)
     weight_decay: float = opt(0.0, "AdamW weight decay", ge=0.0)
-    clip_grad: float = opt(1.0, "global gradient-norm clip (0 disables)", ge=0.0)
+    clip_grad: float = opt(1.0, "gradient-norm clip (0 disables), one norm over the policy and the value "
+                           "head together: a value loss far above the policy's shrinks the policy's step "
+                           "(algorithm.value_norm keeps it O(1))", ge=0.0)
     lr_warmup_steps: int = opt(0, "linear LR warm-up in learner updates", ge=0)
     critic_warmup_steps: int = opt(0, "first updates in which only the value head trains (the policy's "
                                    "lr is 0): a warm start's critic, fit to demonstrations, first learns "
@@ -257,6 +259,10 @@ class AlgorithmConfig:
                            "gradient-norm clip (learner.clip_grad)")
     value_norm_decay: float = opt(0.99, "decay per learner update of value_norm's running statistics",
                                   ge=0.0, lt=1.0)
+    value_augment_shift: int = opt(0, "random-shift augmentation of the critic's image in the PPO epochs "
+                                   "(DrQ): pad by this many edge pixels, crop back at a random offset. The "
+                                   "policy's image and the V-trace targets are not shifted. Needs "
+                                   "policy.value_encoder cnn (a critic that reads the image)", ge=0)
     normalize_advantages: bool = opt(True, "normalise advantages per batch")
     advantage_scale: float = opt(1.0, "multiply advantages by this after normalisation", gt=0.0)
     update_epochs: int = opt(1, "passes over each batch", ge=1)
@@ -477,6 +483,7 @@ def validate(config: Config, on_this_machine: bool = True) -> None:
     problems += _check_action_range(config.policy)
     problems += _check_tiny_vocab(config.policy)
     problems += _check_flow(config.policy.flow)
+    problems += _check_value_augment(config)
     problems += _check_camera(config.env)
     if on_this_machine:
         problems += _check_placement(config.launch)
@@ -518,6 +525,14 @@ def _check_flow(f: "FlowConfig") -> list[str]:
         return [f"policy.flow.heads={f.heads} must be a multiple of policy.flow.kv_heads={f.kv_heads}"]
     if not f.log_std_min < f.log_std_max:
         return [f"policy.flow.log_std_min={f.log_std_min} must be < policy.flow.log_std_max={f.log_std_max}"]
+    return []
+
+
+def _check_value_augment(config: "Config") -> list[str]:
+    shift, encoder = config.algorithm.value_augment_shift, config.policy.value_encoder
+    if shift and encoder != "cnn":
+        return [f"algorithm.value_augment_shift={shift} shifts the image of a critic that reads it; "
+                f"policy.value_encoder={encoder!r} does not: set policy.value_encoder=cnn or the shift to 0"]
     return []
 
 

@@ -21,6 +21,7 @@ from asyncvla.common.policy import reduce_logprobs
 from asyncvla.common.protocol import FLOW_FIELDS, OBS_FIELDS, final_field
 from asyncvla.learner.ingest import Batch
 from asyncvla.learner.loss import ppo_loss_from_config
+from asyncvla.learner.sft_data import random_shift
 from asyncvla.learner.value_norm import ValueNorm
 from asyncvla.learner.vtrace import bootstrap_truncated, chunk_rewards, vtrace
 
@@ -198,6 +199,7 @@ def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device, seed: i
     alg = cfg.algorithm
     sums, count, ratio_max = defaultdict(float), 0, 0.0
     gen = torch.Generator().manual_seed(seed)
+    shift_rng = np.random.default_rng(seed)       # the critic's random shifts (algorithm.value_augment_shift)
     for _ in range(alg.update_epochs):
         order = torch.randperm(T * N, generator=gen).numpy()
         for mb in np.array_split(order, alg.num_minibatches):
@@ -210,6 +212,9 @@ def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device, seed: i
                 idx = mb[sl]
                 args, kwargs = _inputs({k: v[idx] for k, v in obs.items()}, {k: v[idx] for k, v in actions.items()},
                                        device)
+                if alg.value_augment_shift:
+                    kwargs["value_image"] = torch.from_numpy(
+                        random_shift(obs["image"][idx], alg.value_augment_shift, shift_rng)).to(device)
                 out = engine(*args, alg.logprob_type, **kwargs)
                 t_idx = torch.from_numpy(idx).to(device)
                 loss, stats = ppo_loss_from_config(

@@ -29,7 +29,7 @@ def test_train_pixel_task_end_to_end(tmp_path, head):
     r = train_pixel_task(tmp_path, "e2e", [f"policy.action_head={head}",
         "learner.max_steps=3", "learner.batch_trajectories=4", "learner.micro_batch_size=16",
         "actor.num_envs=4", "actor.rollout_length=4", "checkpoint.save_interval=2",
-        "launch.num_local_actors=1", "algorithm.num_minibatches=1",
+        "launch.num_local_actors=1", "algorithm.num_minibatches=1", "algorithm.value_augment_shift=2",
         "eval.eval_interval=2", "eval.num_episodes=2"], timeout=420)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run = tmp_path / "e2e"

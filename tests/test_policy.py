@@ -555,6 +555,24 @@ def test_cnn_value_encoder_reads_the_image_ships_with_the_heads_and_round_trips(
     assert q.cfg.value_encoder == "cnn" and torch.equal(q.value(image, ids, mask), v)
 
 
+@pytest.mark.parametrize("head", ["parallel", "flow"])
+def test_a_value_image_moves_only_the_values(head):
+    """evaluate(value_image=...) (the learner's random shift of the critic's view): the values read
+    it, every policy output is what the real image gives."""
+    cfg = PolicyConfig(value_encoder="cnn", value_head_hidden=32, action_head=head)
+    p = perturb(VLAPolicy.build(cfg), seed=4)
+    image, ids, mask = observation(p)
+    out = p.act(image, ids, mask, generator=torch.Generator().manual_seed(0))
+    chain = {"flow_chain": out.flow_chain, "flow_stochastic": out.flow_stochastic} if head == "flow" else {}
+    with torch.no_grad():
+        plain = p.evaluate(image, ids, mask, None, out.action_tokens, **chain)
+        same = p.evaluate(image, ids, mask, None, out.action_tokens, value_image=image, **chain)
+        shifted = p.evaluate(image, ids, mask, None, out.action_tokens, value_image=np.roll(image, 4, axis=2), **chain)
+    assert torch.equal(same.values, plain.values)
+    assert not torch.allclose(shifted.values, plain.values)
+    assert torch.equal(shifted.logprobs, plain.logprobs) and torch.equal(shifted.entropy, plain.entropy)
+
+
 @pytest.mark.parametrize("head", ["autoregressive", "parallel"])
 def test_cnn_image_tokens_read_the_image_train_under_lora_and_round_trip(tmp_path, head):
     cfg = PolicyConfig(cnn_image_tokens=4, action_head=head, lora_rank=4)

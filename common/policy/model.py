@@ -270,19 +270,28 @@ class VLAPolicy(nn.Module):
         return ActOutput(actions.numpy(), tokens.cpu().numpy(), logp.cpu().numpy(), values.cpu().numpy())
 
     def evaluate(self, image, ids, mask, state, action_tokens, logprob_type: str = "token_level",
-                 temperature: float | None = None, flow_chain=None, flow_stochastic=None) -> EvalOutput:
+                 temperature: float | None = None, flow_chain=None, flow_stochastic=None,
+                 value_image=None) -> EvalOutput:
         """Log-probs, entropies and values of given action tokens (with grad): teacher-forced with the
         autoregressive head; the one query pass with the parallel head (the tokens are not its input).
         Log-probs are under softmax(logits / T), T = policy.temperature unless given, as in `act`.
         Flow head: of the given chains instead (`act`'s flow_chain and flow_stochastic); the entropy
-        is that of their Gaussian steps, and mode_tokens is empty [B, 0]."""
+        is that of their Gaussian steps, and mode_tokens is empty [B, 0]. `value_image` (uint8 like
+        `image`): what a value head that reads the image (value_encoder cnn) sees instead, e.g. a
+        random shift of it; the policy's outputs are unchanged."""
         temperature = self.temperature if temperature is None else temperature
         image, ids, mask, state = self._inputs(image, ids, mask, state)
+        prompt = self._prompt(image, ids, mask, state)
+        if value_image is not None:
+            value_image = _as_tensor(value_image).to(image.device)
+            if value_image.dtype != image.dtype or value_image.shape != image.shape:
+                raise ValueError(f"value_image must be like the image, uint8 {list(image.shape)}; got "
+                                 f"{str(value_image.dtype).replace('torch.', '')} {list(value_image.shape)}")
+            prompt = (*prompt[:3], value_image)
         if self.flow_expert is not None:
-            return self._evaluate_flow(self._prompt(image, ids, mask, state), flow_chain, flow_stochastic,
-                                       logprob_type)
+            return self._evaluate_flow(prompt, flow_chain, flow_stochastic, logprob_type)
         bins = self._action_token_input(action_tokens, ids.shape[0]) - self.action_tokenizer.first_id
-        logp, entropy, values, mode = self._score(self._prompt(image, ids, mask, state), bins, temperature)
+        logp, entropy, values, mode = self._score(prompt, bins, temperature)
         k, d = self.cfg.num_action_chunks, self.cfg.action_dim
         return EvalOutput(reduce_logprobs(logp, logprob_type, k, d),
                           reduce_logprobs(entropy, logprob_type, k, d), values,
