@@ -54,6 +54,15 @@ def test_collect_keeps_successful_episodes_with_oracle_labels(demo_dir):
     assert 0.1 < noisy.mean() < 0.6
 
 
+def test_demos_end_at_success_when_rl_ignores_terminations(demo_dir):
+    """env.ignore_terminations is for RL's episodes: the same seeds give the same demos with it."""
+    _, episodes, _ = demo_dir
+    again, _ = collect_demos(pixel_cfg("env.ignore_terminations=true"), num_episodes=6, action_noise=0.3,
+                             seed=3, num_envs=4)
+    assert [e.num_steps for e in again] == [e.num_steps for e in episodes]
+    assert all(e.success[-1] and not e.success[:-1].any() for e in again)
+
+
 def test_labels_are_what_the_oracle_does_in_the_recorded_state(demo_dir):
     """Replay one episode's executed actions from its seed: every frame and label reappears."""
     _, episodes, _ = demo_dir
