@@ -2,7 +2,7 @@
 PYTHON  ?= python3
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
-CONFIG  ?= configs/pixel_task.yaml
+CONFIG  ?= configs/maniskill.yaml
 STAMP   := $(VENV)/.installed
 # pytest options, e.g. `make test PYTEST_ARGS="-k transport"`
 PYTEST_ARGS ?=
@@ -26,7 +26,7 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	@touch $@
 
 # Demonstrations -> SFT -> asynchronous RL, each stage cached in runs/<experiment>: a second call
-# continues where the first stopped. ManiSkill: `make train CONFIG=configs/maniskill.yaml`.
+# continues where the first stopped. The pixel task: `make train CONFIG=configs/pixel_task.yaml`.
 train: setup
 	$(VENV)/bin/asyncvla pipeline $(CONFIG) $(ARGS)
 
