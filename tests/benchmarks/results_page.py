@@ -2,25 +2,41 @@
 
     python -m tests.benchmarks.results_page [--bench-dir bench_results/] [--readme README.md] [--docs docs/]
 
-Reads BENCH/bench.json (the performance table of every benchmark, with the machine and commit)
-and BENCH/learning_model.md + .json + .png (the learning benchmark over seeds), either may be
-missing. Writes docs/results.md (the full page: machine, commit, date, every figure, the learning
-tables and plot) and replaces the README's text between `<!-- results:start -->` and
-`<!-- results:end -->` with the short form: the learning table and plot, linking to the page.
-`make bench` calls it last, so the figures a reader sees are the latest measured, never hand-copied.
+Reads BENCH/bench.json (the performance table of every benchmark, with the machine and commit) and,
+per learning benchmark, BENCH/learning_TAG.md + .json + .png (TAG `model`: the pixel task at the
+modelled cost; `maniskill`: PushCube at the simulator's own cost). Writes docs/results.md (the full
+page: machine, commit, date, every figure, the learning tables and plots). A section whose inputs
+are missing keeps its text from the page as it was, so a benchmark run alone updates only its own
+section. The README's text between `<!-- results:start -->` and `<!-- results:end -->` becomes the
+short form: each learning section's tables and plot, linking to the page. `make bench` calls it
+last, so the figures a reader sees are the latest measured, never hand-copied.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 from pathlib import Path
 
 from tests.benchmarks.report import ROOT, Figure, format_value
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
-PROFILE = "model"        # the learning benchmark's profile the README shows
+PERFORMANCE = "Performance"
+# tag -> (the page's heading, the README's name for it, what the benchmark is)
+LEARNING = {
+    "model": ("Learning over seeds", "The pixel task at seed 002's modelled cost",
+              "The learning benchmark, `--profile model` (`python -m tests.benchmarks.learning`): the "
+              "pixel task with env.sim_latency_ms giving sync seed 002's rollout : training ratio."),
+    "maniskill": ("Learning on ManiSkill", "ManiSkill PushCube at the simulator's own cost",
+                  "The learning benchmark, `--task maniskill` (`python -m tests.benchmarks.learning "
+                  "--task maniskill`): `make train`'s PushCube config from its own warm start, nothing "
+                  "modelled, the learner and the actors on disjoint cores in both arms."),
+}
+SUMMARY = ("Means over seeds with 95 % bootstrap intervals; each async arm against sync at the highest "
+           "success every run of the pair reaches; wait / train is the learner's time waiting for data "
+           "(in sync mode: weight sync + rollout) and training, per update.")
 
 
 def machine_line(env: dict) -> str:
@@ -40,39 +56,60 @@ def performance_table(figures: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def learning_short(learning_md: str, image: str) -> str:
-    """The learning benchmark's tables (arms over seeds; each async arm against sync) and its plot."""
-    return (f"{learning_md.strip()}\n\n![success vs wall time and env steps, mean over seeds with 95 % "
-            f"bands]({image})")
+def performance_section(bench: dict) -> str:
+    return "\n".join([f"## {PERFORMANCE}", "", f"Measured on {machine_line(bench['environment'])}"
+                      + (" (`--quick`)" if bench.get("quick") else "") + ".", "",
+                      performance_table(bench["figures"])])
 
 
-def render(bench: dict | None, learning_md: str | None, learning_env: dict | None) -> tuple[str, str]:
-    """(docs/results.md, the README block)."""
+def learning_section(tag: str, learning_md: str, env: dict) -> str:
+    heading, _, what = LEARNING[tag]
+    return "\n".join([f"## {heading}", "", f"{what} Measured on {machine_line(env)}. {SUMMARY}", "",
+                      learning_md.strip(), "", f"![success vs wall time and env steps](learning_{tag}.png)"])
+
+
+def sections(page: str) -> dict[str, str]:
+    """A page's `## ` sections by heading, each with its heading line."""
+    out = {}
+    for part in re.split(r"(?m)^(?=## )", page):
+        if part.startswith("## "):
+            out[part.splitlines()[0][3:].strip()] = part.strip()
+    return out
+
+
+def readme_part(tag: str, section: str) -> str:
+    """The README's short form of a learning section: its name, machine, tables and plot."""
+    lines = section.splitlines()
+    tables = [i for i, line in enumerate(lines) if line.startswith("|")]
+    measured = re.search(r"[Mm]easured on (.+?)\.(?:\s|$)", section)
+    return "\n".join([f"**{LEARNING[tag][1]}**, measured on {measured.group(1) if measured else '?'}:", "",
+                      *lines[tables[0]:tables[-1] + 1], "",
+                      f"![success vs wall time and env steps, mean over seeds with 95 % bands]"
+                      f"(docs/learning_{tag}.png)"])
+
+
+def render(bench: dict | None, learning: dict[str, tuple[str, dict]], old_page: str = "") -> tuple[str, str]:
+    """(docs/results.md, the README block) from bench.json and {tag: (learning md, machine)};
+    a section without inputs is kept from old_page."""
+    old = sections(old_page)
     page = ["# Results", "",
             "Generated by `make bench` (`tests/benchmarks/results_page.py`) from `bench_results/`: "
             "the latest measured figures. How they were measured, and the runs before them, are in "
             "[Benchmarks](benchmarks.md).", ""]
     if bench is not None:
-        page += ["## Performance", "", f"Measured on {machine_line(bench['environment'])}"
-                 + (" (`--quick`)" if bench.get("quick") else "") + ".", "",
-                 performance_table(bench["figures"]), ""]
+        page += [performance_section(bench), ""]
     else:
-        page += ["## Performance", "", "No `bench_results/bench.json` when this page was generated (the "
-                 "learning benchmark was run alone); the performance figures of the last full run are "
-                 "in [Benchmarks](benchmarks.md).", ""]
-    if learning_md is not None:
-        page += ["## Learning over seeds", "",
-                 f"The learning benchmark, `--profile {PROFILE}` (`python -m tests.benchmarks.learning`), "
-                 f"measured on {machine_line(learning_env or {})}. Means over seeds with 95 % bootstrap "
-                 "intervals; each async arm against sync at the highest success every run of the pair "
-                 "reaches.", "", learning_md.strip(), "",
-                 f"![success vs wall time and env steps](learning_{PROFILE}.png)", ""]
-        short = (learning_short(learning_md, f"docs/learning_{PROFILE}.png") +
-                 f"\n\nMeasured on {machine_line(learning_env or {})}. Every figure of `make bench`: "
-                 "[docs/results.md](docs/results.md).")
-    else:
-        short = "Not measured yet: `make bench` writes [docs/results.md](docs/results.md) and this table."
-    return "\n".join(page).rstrip() + "\n", short
+        page += [old.get(PERFORMANCE) or f"## {PERFORMANCE}\n\nNot measured yet: `make bench` writes "
+                 "`bench_results/bench.json`.", ""]
+    short = []
+    for tag, (heading, _, _) in LEARNING.items():
+        section = learning_section(tag, *learning[tag]) if tag in learning else old.get(heading)
+        if section is not None:
+            page += [section, ""]
+            short += [readme_part(tag, section), ""]
+    short.append("Every figure of `make bench`: [docs/results.md](docs/results.md)." if len(short) else
+                 "Not measured yet: `make bench` writes [docs/results.md](docs/results.md) and this table.")
+    return "\n".join(page).rstrip() + "\n", "\n".join(short)
 
 
 def replace_block(text: str, block: str) -> str:
@@ -85,19 +122,24 @@ def replace_block(text: str, block: str) -> str:
 def write(bench_dir: Path, readme: Path, docs: Path) -> None:
     bench_json = bench_dir / "bench.json"
     bench = json.loads(bench_json.read_text()) if bench_json.exists() else None
-    md, js, png = (bench_dir / f"learning_{PROFILE}.{ext}" for ext in ("md", "json", "png"))
-    learning_md = md.read_text() if md.exists() else None
-    learning = json.loads(js.read_text()) if js.exists() else {}
-    # run alone, the learning benchmark records its machine; within `make bench`, bench.json does
-    learning_env = learning.get("environment") or (bench or {}).get("environment")
-    if learning_env is not None and (learning.get("quick") or (bench or {}).get("quick")):
-        learning_env = {**learning_env, "time": f"{learning_env.get('time', '?')} (`--quick`: short runs)"}
-    page, short = render(bench, learning_md, learning_env)
-    (docs / "results.md").write_text(page)
-    if png.exists():
-        shutil.copyfile(png, docs / png.name)
+    learning = {}
+    for tag in LEARNING:
+        md, js, png = (bench_dir / f"learning_{tag}.{ext}" for ext in ("md", "json", "png"))
+        if not md.exists():
+            continue
+        out = json.loads(js.read_text()) if js.exists() else {}
+        # run alone, the learning benchmark records its machine; within `make bench`, bench.json does
+        env = out.get("environment") or (bench or {}).get("environment") or {}
+        if out.get("quick") or (bench or {}).get("quick"):
+            env = {**env, "time": f"{env.get('time', '?')} (`--quick`: short runs)"}
+        learning[tag] = (md.read_text(), env)
+        if png.exists():
+            shutil.copyfile(png, docs / png.name)
+    page_path = docs / "results.md"
+    page, short = render(bench, learning, page_path.read_text() if page_path.exists() else "")
+    page_path.write_text(page)
     readme.write_text(replace_block(readme.read_text(), short))
-    print(f"wrote {docs / 'results.md'} and the Results block of {readme}")
+    print(f"wrote {page_path} and the Results block of {readme}")
 
 
 def main() -> None:
