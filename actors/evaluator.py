@@ -30,6 +30,7 @@ from asyncvla.common.config import TransportConfig
 from asyncvla.common.signals import stop_on_signals
 
 log = logging.getLogger("asyncvla.evaluator")
+LAST_WEIGHTS_WAIT_S = 60.0      # at the end of training, for the last published version's weights
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +56,7 @@ def run(learner: str, run_dir: Path, tcfg) -> int:
     interval, last_step = cfg.eval.eval_interval, cfg.learner.max_steps
     writer = open_trackers(cfg, run_dir, "evaluator")
     next_step, version, latest = interval, -1, None     # latest: (step, tensors) not yet evaluated
+    waited_for_last = False
     try:
         while not stop.is_set():
             got = weights.wait_newer(version, timeout=1.0)
@@ -62,6 +64,9 @@ def run(learner: str, run_dir: Path, tcfg) -> int:
                 version, tensors = got
                 latest = (weights.step, tensors)          # the learner sends each version's step
             finished = joined.client.finished
+            if finished and not waited_for_last:
+                version, latest = _wait_for_last_version(weights, joined.client.final_version, version, latest, stop)
+                waited_for_last = True
             if latest is not None and (latest[0] >= min(next_step, last_step) or finished):
                 step, tensors = latest
                 latest = None
@@ -85,6 +90,22 @@ def run(learner: str, run_dir: Path, tcfg) -> int:
         writer.close()
         joined.close()
     return stop.exit_code()
+
+
+def _wait_for_last_version(weights, last_version: int, version: int, latest, stop):
+    """(version, latest) once the learner's last published version has arrived, or after
+    LAST_WEIGHTS_WAIT_S. It is published before "shutdown", but the weights travel on their own
+    channel, so on a busy machine they can come after it."""
+    deadline = time.monotonic() + LAST_WEIGHTS_WAIT_S
+    while version < last_version and not stop.is_set() and time.monotonic() < deadline:
+        got = weights.wait_newer(version, timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+        if got is not None:
+            version, tensors = got
+            latest = (weights.step, tensors)
+    if version < last_version:
+        log.warning("the learner's last version %d did not arrive within %.0f s; evaluating version %d",
+                    last_version, LAST_WEIGHTS_WAIT_S, version)
+    return version, latest
 
 
 if __name__ == "__main__":

@@ -219,14 +219,15 @@ class ControlServer:
         with self._lock:
             return sorted(self.registry.actors)
 
-    def close(self, notify: bool = True) -> None:
-        """Stop serving; with `notify`, tell every live actor that training is over."""
+    def close(self, notify: bool = True, final_version: int = -1) -> None:
+        """Stop serving; with `notify`, tell every live actor that training is over, and which
+        version was the last published (an evaluator waits for its weights)."""
         self._stop.set()
         self._thread.join()
         if notify:
             waiting = set(self.registry.actors)
             for a in list(self.registry.actors.values()):
-                self._send(a.identity, encode_control("shutdown"))
+                self._send(a.identity, encode_control("shutdown", {"version": int(final_version)}))
             self._drain_until_bye(waiting, timeout_s=max(self.tcfg.linger_ms / 1000, 2.0))
             self._node.close(linger_ms=max(self.tcfg.linger_ms, 2000))
             return
@@ -424,6 +425,7 @@ class LearnerClient:
         self.token: str | None = None
         self.learner_alive = False
         self.finished = False
+        self.final_version = -1                 # the last version the learner published ("shutdown")
         self.joins = self.rejoins = 0
         self.error: str | None = None
         self._request: dict | None = None      # the one outstanding get_policy_files
@@ -531,6 +533,7 @@ class LearnerClient:
             elif msg.kind == "shutdown":
                 log.info("learner at %s finished training", self.endpoint)
                 self._send("bye", self._credentials())      # the learner waits for it
+                self.final_version = msg.meta["version"]
                 self.finished = True
             elif msg.kind == "error" and not joined and self.joins:
                 # A refused hello on rejoining: e.g. a learner that has not yet seen our previous

@@ -72,7 +72,8 @@ CONTROL_META: dict[str, dict[str, type]] = {
     "heartbeat": {},                                            # both ways (actor adds actor_id, token)
     "rejoin": {},                                               # learner: "unknown actor, say hello"
     "bye": {"actor_id": str, "token": str},                     # actor leaves
-    "shutdown": {},                                             # learner finished: actors stop
+    "shutdown": {"version": int},                               # learner finished: actors stop
+                                                                # (version: the last one published)
     "get_policy_files": {"actor_id": str, "token": str},
     "policy_files": {},                                         # one uint8 array per file
     "error": {"message": str},

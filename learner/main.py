@@ -169,8 +169,11 @@ def run(cfg: Config) -> int:
     elif failure is None:
         log.info("%s at step %d (version %d)", "stopped" if ended == "stopped" else "finished", step, version)
     metrics.close()
-    for closable in (*servers, inbox.receiver):
-        closable.close()
+    if servers:
+        control, weight_server = servers
+        control.close(final_version=version)     # "shutdown" names the last version published
+        weight_server.close()
+    inbox.receiver.close()
     ds_engine.close_distributed()
     return 0 if failure is None else 1
 

@@ -497,7 +497,8 @@ def test_an_actor_that_leaves_right_after_sending_loses_nothing():
     proc.start()
     got = []
     while len(got) < 300:
-        seg = receiver.recv(timeout_ms=10_000)
+        # generous: the spawned sender first imports torch, which on a busy 2-core machine takes long
+        seg = receiver.recv(timeout_ms=120_000)
         assert seg is not None, f"missing after {len(got)} segments"
         got.append(seg.meta["seq"])
         time.sleep(0.002)                        # slower than the sender: segments queue up here
