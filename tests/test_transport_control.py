@@ -103,8 +103,9 @@ def test_join_welcome_policy_files_bye_and_shutdown(tmp_path):
         assert server.counts()["alive"] == 2
         a.close()                                                         # says bye
         assert wait_until(lambda: server.counts()["left_total"] == 1)
-        server.close(notify=True)                                         # end of training
-        assert wait_until(lambda: b.finished)
+        assert b.final_version == -1
+        server.close(notify=True, final_version=7)                        # end of training
+        assert wait_until(lambda: b.finished) and b.final_version == 7    # an evaluator waits for it
     finally:
         b.close()
     assert server.counts() == {"alive": 0, "joined_total": 2, "left_total": 2, "timed_out_total": 0,
