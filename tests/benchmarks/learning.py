@@ -362,7 +362,7 @@ def summarize(results: dict) -> dict:
     thresholds = [th for th in results["thresholds"] if th > results["sft"]["success"]]
     threshold = next((th for th in thresholds if all(first_reaching(c, th) for c in all_curves)), None)
     out = {"threshold": threshold, "arms": {}, "ratios": {}, "bands": {}}
-    t_max = max(p["wall_s"] for c in all_curves for p in c)
+    t_max = min(max(p["wall_s"] for p in c) for c in all_curves)      # where every run has a point
     s_max = min(max(p["env_steps"] for p in c) for c in all_curves)
     for arm, seeds in runs.items():
         curves = [r["curve"] for r in seeds.values()]
