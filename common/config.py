@@ -193,6 +193,11 @@ class LearnerConfig:
     max_env_steps: Optional[int] = opt(None, "also stop after this many env steps (null: no limit)", ge=1)
     max_time_s: Optional[float] = opt(None, "also stop after this many seconds of training, counted "
                                       "from the learner's first wait for data (null: no limit)", gt=0.0)
+    target_success: Optional[float] = opt(None, "also stop once the actors' episodes succeed this often: "
+                                          "the success rate over the newest learner.target_success_episodes "
+                                          "episodes trained on (null: no target)", gt=0.0, le=1.0)
+    target_success_episodes: int = opt(128, "how many of the newest episodes learner.target_success is "
+                                       "measured over (whole updates: at least this many)", ge=1)
     batch_trajectories: int = opt(8, "env trajectories of rollout_length steps in one update, across "
                                   "all ranks (a segment from an actor with B envs holds B of them)", ge=1)
     micro_batch_size: int = opt(32, "samples (time steps x envs) per forward/backward on one rank", ge=1)

@@ -80,7 +80,8 @@ def run(cfg: Config) -> int:
     step, version, env_steps, ema, value_norm = _restore(engine, resume_from, cfg, rank)
     start_step = step
     metrics = Metrics(open_trackers(cfg, run_dir, "learner") if rank == 0 else None, cfg.learner.max_steps,
-                      cfg.logging.progress, start_step=step, env_steps=env_steps, eval_dir=run_dir / "eval")
+                      cfg.logging.progress, start_step=step, env_steps=env_steps, eval_dir=run_dir / "eval",
+                      success_window=cfg.learner.target_success_episodes)
     auth_key = _token_key(cfg)
     if cfg.transport.reuse_receive_buffers:
         keep_freed_buffers()           # before the first segment: see common/allocator.py
@@ -150,6 +151,11 @@ def run(cfg: Config) -> int:
             write_accounting(run_dir, step, inbox, servers,     # acked = trained + dropped + buffered
                              nonfinite_steps=guard.skipped, checkpoint_failures=save_failures)
         if report["time_up"] or (cfg.learner.max_env_steps and metrics.env_steps >= cfg.learner.max_env_steps):
+            break
+        if _target_reached(cfg, report.get("env/episode_success_window")):     # (the same on every rank)
+            log.info("target reached: the newest %d+ episodes succeeded %.0f %% of the time (learner.target_success"
+                     "=%s)", cfg.learner.target_success_episodes, 100 * report["env/episode_success_window"],
+                     cfg.learner.target_success)
             break
 
     # (a run stopped before its first update has nothing new; re-saving the step it resumed from
@@ -389,6 +395,11 @@ def _any_rank(flag: bool, device) -> bool:
     t = torch.tensor([int(flag)], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+def _target_reached(cfg: Config, windowed_success: float | None) -> bool:
+    target = cfg.learner.target_success
+    return target is not None and windowed_success is not None and windowed_success >= target
 
 
 def _time_up(cfg: Config, started: float) -> bool:

@@ -15,6 +15,7 @@ weight servers refused, by reason.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -74,8 +75,10 @@ class Metrics:
     them and the progress bar."""
 
     def __init__(self, trackers, progress_total: int, show_progress: bool, start_step: int = 0,
-                 env_steps: int = 0, eval_dir: Path | None = None):
+                 env_steps: int = 0, eval_dir: Path | None = None, success_window: int = 128):
         self.writer = trackers
+        self.success_window = success_window
+        self.recent: collections.deque = collections.deque()   # (episodes, successes) of the newest updates
         self.bar = None
         self.eval_dir = eval_dir            # the periodic evaluator's summaries, shown on the bar
         self._eval_seen = None
@@ -130,6 +133,10 @@ class Metrics:
         if n_ep:
             for name in ("return", "length", "success"):
                 out[f"env/episode_{name}"] = total[f"{name}_sum"] / n_ep
+            self.recent.append((n_ep, total["success_sum"]))
+            windowed = windowed_success(self.recent, self.success_window)
+            if windowed is not None:
+                out["env/episode_success_window"] = windowed
         out["system/actors_contributing"] = total["actors_seen"]      # the most any rank heard from
         out.update({f"system/{k}": v for k, v in total.items() if k.startswith("dropped_")})
         out["rollout/env_steps"] = self.env_steps
@@ -187,6 +194,16 @@ class Metrics:
         if self.writer is not None:
             self.writer.flush()
             self.writer.close()
+
+
+def windowed_success(recent: collections.deque, n: int) -> float | None:
+    """Success rate over the newest whole updates holding at least `n` episodes (None until that
+    many were seen). `recent` holds (episodes, successes) per update, oldest first; updates older
+    than the window are dropped from it, so it never grows."""
+    while len(recent) > 1 and sum(e for e, _ in recent) - recent[0][0] >= n:
+        recent.popleft()
+    episodes = sum(e for e, _ in recent)
+    return sum(s for _, s in recent) / episodes if episodes >= n else None
 
 
 def write_accounting(run_dir, step: int, inbox, servers=(), **counts) -> Path:

@@ -3,6 +3,7 @@ update takes, including columns left over in the buffer while the learner moved 
 counted by reason; a dead server thread stops the wait with an error naming it. And the rollout
 plan the learner sends each actor in its welcome, and the segment spec it validates against."""
 
+import collections
 import threading
 import time
 
@@ -16,7 +17,8 @@ from asyncvla.common.control import ControlServer, LearnerClient
 from asyncvla.common.sockets import ThreadDied
 from asyncvla.common.weight_channel import WeightServer, WeightSubscriber
 from asyncvla.learner.ingest import MAX_SEQ_JUMP, ColumnBuffer, Inbox, SeenSegments, rollout_plan
-from asyncvla.learner.metrics import Metrics
+from asyncvla.learner.main import _target_reached
+from asyncvla.learner.metrics import Metrics, windowed_success
 from tests.test_protocol import LIMITS, make_segment, make_spec
 
 SPEC = make_spec(T=2, B=4, H=8, L=4, K=2, D=2)
@@ -127,6 +129,47 @@ def test_episode_metric_sums_are_float64():
     metrics.add_segment(seg, lag=0)
     assert metrics.counts["length_sum"] == 4.0 * 2**62
     assert metrics.counts["return_sum"] == 4.0 * float(np.finfo(np.float32).max)
+
+
+def test_windowed_success_matches_a_naive_count_and_stays_bounded():
+    """learner.target_success's measure: the success rate over the newest whole updates holding at
+    least n episodes, against a naive recount of the whole history at every update."""
+    rng = np.random.default_rng(0)
+    history, recent = [], collections.deque()
+    for _ in range(300):
+        episodes = int(rng.integers(0, 12))
+        update = (episodes, float(rng.binomial(episodes, 0.4)))
+        history.append(update)
+        recent.append(update)
+        got = windowed_success(recent, 20)
+        # naive: walk back from the newest update until 20 episodes are covered
+        total = successes = 0
+        for e, s in reversed(history):
+            total, successes = total + e, successes + s
+            if total >= 20:
+                break
+        assert got == (successes / total if total >= 20 else None)
+        assert len(recent) <= 21        # (updates without episodes are dropped once the window is covered)
+
+
+def test_the_target_success_ends_a_run_once_the_window_reaches_it():
+    """Metrics.report gives the window's success on real segments; the learner's loop stops on it."""
+    cfg = Config()
+    cfg.learner.target_success, cfg.learner.target_success_episodes = 0.5, 9
+    metrics = Metrics(None, progress_total=10, show_progress=False, success_window=9)
+    decisions = []
+    for successes in (0, 3, 6, 0):           # of 6 episodes an update: 2 segments of 3
+        for half in (0, 1):
+            seg = make_segment(SPEC, B=4, episodes=3)
+            seg.arrays["ep_success"][:] = 0
+            seg.arrays["ep_success"][:(successes + 1 - half) // 2] = 1
+            metrics.add_segment(seg, lag=0)
+        window = metrics.report(1, {}, {}, samples=1).get("env/episode_success_window")
+        decisions.append((window, _target_reached(cfg, window)))
+    # 9 episodes take the newest 2 updates (12 episodes); the first update alone has too few
+    assert decisions == [(None, False), (0.25, False), (0.75, True), (0.5, True)]
+    cfg.learner.target_success = None
+    assert not _target_reached(cfg, 1.0)
 
 
 def test_seen_segments_bounded_per_actor_and_in_actors():
