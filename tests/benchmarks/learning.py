@@ -71,46 +71,59 @@ from tests.ports import run_port_overrides
 ARMS = {"sync": ["--sync"],
         "async": ["algorithm.policy_loss=behavior_clip"],
         "async_decoupled": ["algorithm.policy_loss=decoupled"],
-        "async_nocorr": ["algorithm.off_policy_correction=none"]}
+        "async_nocorr": ["algorithm.off_policy_correction=none"],
+        # a larger lag: weights published every 4 updates, so the data trained on is ~5 updates old
+        "async_lag4": ["algorithm.policy_loss=behavior_clip", "learner.publish_interval=4"],
+        "async_lag4_nocorr": ["algorithm.off_policy_correction=none", "learner.publish_interval=4"]}
+FULL_ARMS = ("sync", "async", "async_lag4", "async_lag4_nocorr")     # --arms adds the others
 QUICK_ARMS = ("sync", "async")
 PROFILES = ("model", "plain")
 SEED002 = {"rollout_s": 38.8, "train_s": 32.3}      # one PPO step of OpenVLA-OFT on ManiSkill (seeds/)
+FIXED_TIMES_S = (120.0, 300.0, 600.0)               # success reported at these wall times
 
 
 @dataclass(frozen=True)
 class Task:
-    """What the benchmark trains on, and the scale its budgets and thresholds are set for."""
+    """What the benchmark trains on, and the scale its budgets and thresholds are set for.
+
+    A run ends by progress when `target` is set: once the newest TARGET_EPISODES episodes it
+    trained on succeed target[quick] of the time (learner.target_success), or after
+    max_updates[quick] updates, so that every run reaches the threshold on a fast or a slow
+    machine. Otherwise it ends by its wall-clock budget."""
     config: str
     env_id: str
     profiles: tuple[str, ...]
-    budgets: dict                 # (quick, profile) -> wall-clock budget of each run (s) per arm kind
-    thresholds: tuple[float, ...]  # highest first
+    thresholds: tuple[float, ...]  # reported where reached, highest first
     eval_gap_s: dict              # quick -> evaluations at least this far apart in a run (s)
     episodes: dict                # quick -> evaluation episodes
+    top: dict = field(default_factory=dict)       # quick -> the headline threshold (none: the highest all reach)
+    target: dict = field(default_factory=dict)    # quick -> learner.target_success of every run
+    max_updates: dict = field(default_factory=dict)   # quick -> the cap of a run that ends by progress
+    budgets: dict = field(default_factory=dict)   # (quick, profile) -> wall-clock budget (s) per arm kind
     sft_args: tuple[str, ...] = ()
     run_args: tuple[str, ...] = ()  # every run's overrides
     work_name: str = "learning"     # OUT/<work_name>: its cached stages
     tag: dict = field(default_factory=dict)   # profile -> output name (OUT/learning_<tag>.*)
 
 
+TARGET_EPISODES = 128
 TASKS = {
-    # Sync gets a longer budget: it needs more to reach what async reaches.
-    "pixel": Task(workload.CONFIG, "PixelReach-v0", PROFILES,
-                  budgets={(False, "model"): {"sync": 420.0, "async": 300.0},
-                           (True, "model"): {"sync": 180.0, "async": 120.0},
-                           (False, "plain"): {"sync": 420.0, "async": 300.0},
-                           (True, "plain"): {"sync": 150.0, "async": 120.0}},
-                  thresholds=(0.9, 0.8, 0.7, 0.6, 0.5, 0.4), eval_gap_s={False: 20.0, True: 15.0},
-                  episodes={False: 64, True: 32}, sft_args=("policy.action_head=autoregressive",),
+    # Runs end by progress: 5 points above the headline threshold over the newest 128 training
+    # episodes (those lag the published policy, so the evaluation has passed the threshold by then).
+    "pixel": Task(workload.CONFIG, "PixelReach-v0", PROFILES, thresholds=(0.9, 0.8, 0.7, 0.6),
+                  eval_gap_s={False: 30.0, True: 20.0}, episodes={False: 128, True: 64},
+                  top={False: 0.8, True: 0.7}, target={False: 0.85, True: 0.75},
+                  max_updates={False: 2000, True: 1200}, sft_args=("policy.action_head=autoregressive",),
                   tag={"model": "model", "plain": "plain"}),
     # The real simulator's cost, nothing modelled: `make train`'s config from its own warm start,
     # the learner and the actors on disjoint cores in both arms (on 2 cores: one each). RL lifts
-    # that warm start from ~1 % to 19-32 % in 96 updates (~15 min), hence the low thresholds.
+    # that warm start from ~1 % to 19-32 % in 96 updates (~15 min), hence the low thresholds and
+    # wall-clock budgets (no run would reach a high target in hours here).
     "maniskill": Task("configs/maniskill.yaml", "PushCube-v1", ("plain",),
-                      budgets={(False, "plain"): {"sync": 1200.0, "async": 900.0},
-                               (True, "plain"): {"sync": 600.0, "async": 600.0}},
                       thresholds=(0.3, 0.25, 0.2, 0.15, 0.1, 0.05), eval_gap_s={False: 200.0, True: 150.0},
                       episodes={False: 128, True: 64},
+                      budgets={(False, "plain"): {"sync": 1200.0, "async": 900.0},
+                               (True, "plain"): {"sync": 600.0, "async": 600.0}},
                       run_args=("launch.placement.learner=0", "launch.placement.actors=1"),
                       work_name="learning_maniskill", tag={"plain": "maniskill"}),
 }
@@ -119,9 +132,10 @@ BOOTSTRAP = 10_000
 CALIBRATION_UPDATES = 25
 OUT_DIR = Path("bench_results")
 MADE_WITH = "made_with"    # OUT/learning/made_with/STAGE.json: the settings a finished stage was made with
+RUN_TIMEOUT_S = 4 * 3600   # only catches a hang: a run ends by its target, update cap or wall budget
 
 
-def run(quick: bool = False, out_dir: Path = OUT_DIR, profile: str | None = None, seeds: int = 3,
+def run(quick: bool = False, out_dir: Path = OUT_DIR, profile: str | None = None, seeds: int | None = None,
         arms: tuple[str, ...] | None = None, fresh: bool = False, task: str = "pixel") -> dict:
     """Make the stages not yet made with these settings under out_dir/learning (all with `fresh`), evaluate."""
     if task not in TASKS:
@@ -130,7 +144,8 @@ def run(quick: bool = False, out_dir: Path = OUT_DIR, profile: str | None = None
     profile = profile or t.profiles[0]
     if profile not in t.profiles:
         raise ValueError(f"profile={profile!r} with task={task!r}; choose from {t.profiles}")
-    arms = tuple(arms or (QUICK_ARMS if quick else ARMS))
+    arms = tuple(arms or (QUICK_ARMS if quick else FULL_ARMS))
+    seeds = seeds or (3 if quick else 5)
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         raise ValueError(f"unknown arm(s) {unknown}; choose from {list(ARMS)}")
@@ -141,23 +156,23 @@ def run(quick: bool = False, out_dir: Path = OUT_DIR, profile: str | None = None
     sft_policy = warm_start(work, t)
     sft_point = evaluate_policy_dir(sft_policy, episodes, t.config)
     latency_ms, calibration = (calibrate(work, sft_policy, t) if profile == "model" else (0.0, None))
-    budgets = t.budgets[quick, profile]
+    stop = stop_rule(t, quick, profile)
     results = {"task": task, "config": t.config, "env_id": t.env_id, "tag": t.tag[profile], "profile": profile,
-               "thresholds": list(t.thresholds), "sim_latency_ms": latency_ms, "calibration": calibration,
-               "budgets_s": budgets, "episodes": episodes, "eval_seed": EVAL_SEED, "seeds": list(range(seeds)),
-               "sft": sft_point, "runs": {a: {} for a in arms}}
+               "thresholds": list(t.thresholds), "top": t.top.get(quick), "stop": stop,
+               "sim_latency_ms": latency_ms, "calibration": calibration, "episodes": episodes,
+               "eval_seed": EVAL_SEED, "seeds": list(range(seeds)), "sft": sft_point,
+               "publish_interval": {a: publish_interval(a) for a in arms}, "runs": {a: {} for a in arms}}
     for seed in range(seeds):
         for arm in arms:
-            budget = budgets["sync" if arm == "sync" else "async"]
             name = f"{profile}_{arm}_s{seed}"
-            args = [*ARMS[arm], *t.run_args, f"env.seed={seed}", f"actor.seed={seed}",
+            args = [*ARMS[arm], *t.run_args, *stop[arm], f"env.seed={seed}", f"actor.seed={seed}",
                     f"env.sim_latency_ms={latency_ms:.3f}"]
-            settings = _settings(t.config, *args, f"budget_s={budget}", warm_start=_settings(t.config))
+            settings = _settings(t.config, *args, warm_start=_settings(t.config))
             if _made_with(work, name, settings):
                 print(f"[learning] {name}: reusing the finished run", flush=True)
             else:
-                print(f"[learning] {name}: {budget:.0f} s of training", flush=True)
-                train(name, args, sft_policy, work, budget, t.config)
+                print(f"[learning] {name}: {' '.join(stop[arm])}", flush=True)
+                train(name, args, sft_policy, work, t.config)
                 _stamp(work, name, settings)
     for arm in arms:                 # evaluated after all training, so that no run shares its cores with it
         for seed in range(seeds):
@@ -170,6 +185,20 @@ def run(quick: bool = False, out_dir: Path = OUT_DIR, profile: str | None = None
     return results
 
 
+def stop_rule(t: Task, quick: bool, profile: str) -> dict[str, list[str]]:
+    """Each arm's overrides that end its runs: by progress (the task's target) or by wall time."""
+    if t.target:
+        rule = [f"learner.target_success={t.target[quick]}", f"learner.target_success_episodes={TARGET_EPISODES}",
+                f"learner.max_steps={t.max_updates[quick]}"]
+        return {arm: rule for arm in ARMS}
+    budgets = t.budgets[quick, profile]
+    return {arm: [f"learner.max_time_s={budgets['sync' if arm == 'sync' else 'async']}"] for arm in ARMS}
+
+
+def publish_interval(arm: str) -> int:
+    return next((int(a.split("=")[1]) for a in ARMS[arm] if a.startswith("learner.publish_interval=")), 1)
+
+
 def add_arguments(parser) -> list[str]:
     """This benchmark's own flags (report.main passes them to run)."""
     parser.add_argument("--task", choices=list(TASKS), default="pixel",
@@ -179,10 +208,10 @@ def add_arguments(parser) -> list[str]:
     parser.add_argument("--profile", choices=PROFILES, default=None,
                         help="model: seed 002's rollout:training ratio, modelled with env.sim_latency_ms; "
                              "plain: the task's own speed (default: model for pixel, plain for maniskill)")
-    parser.add_argument("--seeds", type=int, default=3, help="runs per arm (seeds 0..N-1)")
+    parser.add_argument("--seeds", type=int, default=None, help="runs per arm (seeds 0..N-1; default 5, --quick 3)")
     parser.add_argument("--arms", type=lambda s: tuple(s.split(",")), default=None,
-                        help=f"comma-separated subset of {','.join(ARMS)} (default: all; --quick: "
-                             f"{','.join(QUICK_ARMS)})")
+                        help=f"comma-separated subset of {','.join(ARMS)} (default: {','.join(FULL_ARMS)}; "
+                             f"--quick: {','.join(QUICK_ARMS)})")
     return ["task", "profile", "seeds", "arms"]
 
 
@@ -216,7 +245,7 @@ def calibrate(work: Path, sft_policy: Path, task: Task) -> tuple[float, dict]:
     name = "calibration"
     if not _made_with(work, name, settings):
         print(f"[learning] calibration: a plain sync run of {CALIBRATION_UPDATES} updates", flush=True)
-        train(name, ["--sync", f"learner.max_steps={CALIBRATION_UPDATES}"], sft_policy, work, 600.0, task.config)
+        train(name, ["--sync", f"learner.max_steps={CALIBRATION_UPDATES}"], sft_policy, work, task.config)
         _stamp(work, name, settings)
     timing = run_timing(work / name)
     from asyncvla.common.config import load_config
@@ -245,8 +274,8 @@ def _stamp(work: Path, stage: str, settings: dict) -> None:
     (work / MADE_WITH / f"{stage}.json").write_text(json.dumps(settings, indent=1))
 
 
-def train(name: str, args: list[str], sft_policy: Path, work: Path, budget_s: float, config: str) -> None:
-    """One `asyncvla train` run of at most `budget_s` seconds of training into work/name (anew)."""
+def train(name: str, args: list[str], sft_policy: Path, work: Path, config: str) -> None:
+    """One `asyncvla train` run into work/name (anew), until the budget in `args` ends it."""
     run_dir = work / name
     (work / MADE_WITH / f"{name}.json").unlink(missing_ok=True)
     if run_dir.exists():
@@ -256,10 +285,10 @@ def train(name: str, args: list[str], sft_policy: Path, work: Path, budget_s: fl
     max_steps = [] if any(a.startswith("learner.max_steps=") for a in overrides) else ["learner.max_steps=100000"]
     cmd = [sys.executable, "-m", "asyncvla.launch.cli", "train", config, *max_steps, *overrides,
            *run_port_overrides(), f"policy.pretrained_path={sft_policy}", f"logging.output_dir={work}",
-           f"logging.experiment_name={name}", "logging.progress=false", f"learner.max_time_s={budget_s}",
+           f"logging.experiment_name={name}", "logging.progress=false",
            "checkpoint.save_interval=5", "checkpoint.keep_last=100000", "eval.eval_interval=0",
            *flags]          # flags last: argparse takes no positional override after one
-    subprocess.run(cmd, check=True, timeout=budget_s + 300, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, timeout=RUN_TIMEOUT_S, stdout=subprocess.DEVNULL)
 
 
 def run_timing(run_dir: Path) -> dict:
@@ -335,63 +364,96 @@ def bootstrap_ratio(num, den, rng: np.random.Generator, n: int = BOOTSTRAP) -> t
     return float(a.mean() / b.mean()), float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
 
 
+def iqm(values) -> float:
+    """Interquartile mean: the mean of the middle half (25 % trimmed each side, whole runs)."""
+    v = np.sort(np.asarray(values, dtype=float))
+    k = int(0.25 * len(v))
+    return float(v[k:len(v) - k].mean())
+
+
+def bootstrap_iqm(values, rng: np.random.Generator, n: int = BOOTSTRAP) -> tuple[float, float, float]:
+    v = np.asarray(values, dtype=float)
+    stats = [iqm(v[idx]) for idx in rng.integers(0, len(v), size=(n, len(v)))]
+    return iqm(v), float(np.percentile(stats, 2.5)), float(np.percentile(stats, 97.5))
+
+
 def step_curve(curve: list[dict], key: str, grid: np.ndarray) -> np.ndarray:
-    """Success of the last evaluation at or before each grid point (NaN past the run's last one)."""
+    """Success of the last evaluation at or before each grid point. Past a run's end, its last
+    evaluation holds: a run ends by its target (or cap), so it would not have fallen back."""
     xs = np.array([p[key] for p in curve], dtype=float)
     ys = np.array([p["success"] for p in curve], dtype=float)
     idx = np.searchsorted(xs, grid, side="right") - 1
-    out = ys[np.clip(idx, 0, None)]
-    out[grid > xs[-1]] = np.nan
-    return out
+    return ys[np.clip(idx, 0, None)]
 
 
 def band(curves: list[list[dict]], key: str, grid: np.ndarray, rng) -> dict:
-    """Mean success over runs at each grid point with its bootstrap 95 % interval (where every run has one)."""
+    """Mean success over runs at each grid point with its bootstrap 95 % interval."""
     ys = np.stack([step_curve(c, key, grid) for c in curves])
-    ok = ~np.isnan(ys).any(axis=0)
-    stats = [bootstrap_mean(ys[:, j], rng, 2000) if ok[j] else (np.nan,) * 3 for j in range(len(grid))]
-    mean, lo, hi = (np.array(s) for s in zip(*stats))
+    mean, lo, hi = (np.array(s) for s in zip(*[bootstrap_mean(ys[:, j], rng, 2000) for j in range(len(grid))]))
     return {"x": grid.tolist(), "mean": mean.tolist(), "low": lo.tolist(), "high": hi.tolist()}
 
 
 def summarize(results: dict) -> dict:
+    """Per arm: time and env steps to each threshold (every seed's; mean and 95 % CI where every
+    seed reached it), success at end and at fixed wall times; each arm against sync at every
+    threshold every run of the pair reaches; the headline threshold (the task's top, else the
+    highest every run reaches) and what the ratio there can resolve."""
     rng = np.random.default_rng(0)
     runs = results["runs"]
     all_curves = [r["curve"] for arm in runs.values() for r in arm.values()]
     # a threshold the warm start already reaches would be reached at time 0 by every run
     thresholds = [th for th in results["thresholds"] if th > results["sft"]["success"]]
-    threshold = next((th for th in thresholds if all(first_reaching(c, th) for c in all_curves)), None)
-    out = {"threshold": threshold, "arms": {}, "ratios": {}, "bands": {}}
-    t_max = min(max(p["wall_s"] for p in c) for c in all_curves)      # where every run has a point
-    s_max = min(max(p["env_steps"] for p in c) for c in all_curves)
+    reached_by_all = [th for th in thresholds if all(first_reaching(c, th) for c in all_curves)]
+    threshold = results.get("top") or (reached_by_all[0] if reached_by_all else None)
+    out = {"threshold": threshold, "thresholds": thresholds, "arms": {}, "ratios": {}, "bands": {}}
+    t_max = max(max(p["wall_s"] for p in c) for c in all_curves)
+    s_max = max(max(p["env_steps"] for p in c) for c in all_curves)
+    interval = results.get("publish_interval", {})
     for arm, seeds in runs.items():
         curves = [r["curve"] for r in seeds.values()]
-        a = {"per_seed": {}}
+        p_int = interval.get(arm, 1)
+        a = {"per_seed": {}, "to": {}}
         for seed, r in seeds.items():
-            hit = first_reaching(r["curve"], threshold) if threshold is not None else None
-            a["per_seed"][seed] = {"wall_s": hit and hit["wall_s"], "env_steps": hit and hit["env_steps"],
-                                   "final_success": r["curve"][-1]["success"], "updates": r["updates"],
-                                   "train_s": r["train_s"], "rollout_s": r["rollout_s"],
-                                   "policy_lag_mean": r["policy_lag_mean"]}
-        if threshold is not None:
-            a["wall_s"] = bootstrap_mean([s["wall_s"] for s in a["per_seed"].values()], rng)
-            a["env_steps"] = bootstrap_mean([s["env_steps"] for s in a["per_seed"].values()], rng)
-        a["final_success"] = bootstrap_mean([s["final_success"] for s in a["per_seed"].values()], rng)
+            hits = {th: first_reaching(r["curve"], th) for th in thresholds}
+            lag = r["policy_lag_mean"]
+            a["per_seed"][seed] = {
+                "to": {th: h and {"wall_s": h["wall_s"], "env_steps": h["env_steps"]} for th, h in hits.items()},
+                "final_success": r["curve"][-1]["success"], "updates": r["updates"],
+                "train_s": r["train_s"], "rollout_s": r["rollout_s"], "policy_lag_mean": lag,
+                # data trained at step s came from weights published at a multiple of the interval
+                "lag_updates": None if lag is None else p_int * lag + (p_int - 1) / 2,
+                "end_wall_s": r["curve"][-1]["wall_s"]}
+        per = list(a["per_seed"].values())
+        for th in thresholds:
+            hits = [p["to"][th] for p in per]
+            entry = {"reached": sum(h is not None for h in hits), "of": len(hits)}
+            if all(hits):
+                entry.update({k: bootstrap_mean([h[k] for h in hits], rng) for k in ("wall_s", "env_steps")})
+            a["to"][th] = entry
+        a["final_success"] = bootstrap_mean([p["final_success"] for p in per], rng)
+        at = {}
+        for t in FIXED_TIMES_S:
+            values = [float(step_curve(c, "wall_s", np.array([t]))[0]) for c in curves]
+            at[t] = {"mean": bootstrap_mean(values, rng), **({"iqm": bootstrap_iqm(values, rng)} if len(values) >= 5
+                                                              else {})}
+        a["at_time"] = at
         out["arms"][arm] = a
-        out["bands"][arm] = {"wall_s": band(curves, "wall_s", np.linspace(0, t_max, 61), rng),
-                             "env_steps": band(curves, "env_steps", np.linspace(0, s_max, 61), rng)}
-    if "sync" in runs:           # each arm against sync at the highest threshold every run of the two reaches
+        out["bands"][arm] = {"wall_s": band(curves, "wall_s", np.linspace(0, t_max, 81), rng),
+                             "env_steps": band(curves, "env_steps", np.linspace(0, s_max, 81), rng)}
+    if "sync" in runs:           # each arm against sync at every threshold every run of the two reaches
         for arm in runs:
-            pair = [r["curve"] for name in ("sync", arm) for r in runs[name].values()]
-            th = next((t for t in thresholds if all(first_reaching(c, t) for c in pair)), None)
-            if arm == "sync" or th is None:
+            if arm == "sync":
                 continue
-            hits = {name: [first_reaching(r["curve"], th) for r in runs[name].values()] for name in ("sync", arm)}
-            out["ratios"][arm] = {k: bootstrap_ratio([h[k] for h in hits[arm]], [h[k] for h in hits["sync"]], rng)
-                                  for k in ("wall_s", "env_steps")}
-            out["ratios"][arm]["threshold"] = th
-            out["ratios"][arm]["per_seed_wall_s"] = {name: [h["wall_s"] for h in hits[name]] for name in hits}
-    if "sync" in runs:             # sync's measured rollout : training time (the model targets 1.20)
+            out["ratios"][arm] = {}
+            for th in thresholds:
+                hits = {name: [first_reaching(r["curve"], th) for r in runs[name].values()] for name in ("sync", arm)}
+                if not all(hits["sync"] + hits[arm]):
+                    continue
+                ratio = {k: bootstrap_ratio([h[k] for h in hits[arm]], [h[k] for h in hits["sync"]], rng)
+                         for k in ("wall_s", "env_steps")}
+                lo, hi = ratio["wall_s"][1:]
+                ratio["resolution"] = float(np.sqrt(hi / lo))     # the interval spans ratio x/÷ this
+                out["ratios"][arm][th] = ratio
         out["sync_rollout_to_train"] = [s["rollout_s"] / s["train_s"] for s in out["arms"]["sync"]["per_seed"].values()]
     return out
 
@@ -419,29 +481,75 @@ def write_outputs(results: dict, out_dir: Path) -> None:
     (out_dir / f"learning_{tag}.md").write_text(markdown(results))
 
 
+def _m(m, scale: float = 1.0, fmt: str = "{:.0f}") -> str:
+    """`mean [low, high]` of a bootstrap triple."""
+    return f"{fmt.format(m[0] / scale)} [{fmt.format(m[1] / scale)}, {fmt.format(m[2] / scale)}]"
+
+
+def _pct(m) -> str:
+    return f"{100 * m[0]:.0f} % [{100 * m[1]:.0f}, {100 * m[2]:.0f}]"
+
+
+def _per_seed(per: dict, th: float, key: str = "wall_s", scale: float = 1.0) -> str:
+    return ", ".join("-" if p["to"].get(th) is None else f"{p['to'][th][key] / scale:.0f}" for p in per.values())
+
+
 def markdown(results: dict) -> str:
-    """The results as a markdown table (the README's and docs' form): per arm, time and env steps
-    to the threshold (mean over seeds, 95 % bootstrap CI, each seed) and the ratio to sync."""
-    s, th = results["summary"], results["summary"]["threshold"]
+    """The results in markdown (the README's and docs' form). First the headline table (the README
+    shows it alone): per arm, time and env steps to the headline threshold (mean over seeds, 95 %
+    bootstrap CI, each seed) and the ratio to sync; then every threshold, every seed's figures and
+    success at fixed wall times."""
+    s = results["summary"]
+    th, n = s["threshold"], len(results["seeds"])
     if th is None:
         return f"No threshold of {tuple(results['thresholds'])} is reached by every run.\n"
-    lines = [f"| arm ({len(results['seeds'])} seeds) | time to {th:.0%} (s) | per seed | "
-             f"env steps to {th:.0%} (k) | success at end | updates | wait / train (s) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"| arm ({n} seeds) | time to {th:.0%} (s) | per seed | env steps to {th:.0%} (k) | time / sync | "
+             f"env steps / sync | success at end | updates | lag (updates) | wait / train (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for arm, a in s["arms"].items():
-        t, e, f = a["wall_s"], a["env_steps"], a["final_success"]
-        per = a["per_seed"].values()
-        seeds = ", ".join(f"{p['wall_s']:.0f}" for p in per)
-        lines.append(f"| {arm} | {t[0]:.0f} [{t[1]:.0f}, {t[2]:.0f}] | {seeds} | "
-                     f"{e[0] / 1e3:.0f} [{e[1] / 1e3:.0f}, {e[2] / 1e3:.0f}] | "
-                     f"{100 * f[0]:.0f} % [{100 * f[1]:.0f}, {100 * f[2]:.0f}] | "
-                     f"{np.mean([p['updates'] for p in per]):.0f} | {_mean_of(per, 'rollout_s'):.1f} / "
-                     f"{_mean_of(per, 'train_s'):.1f} |")
-    lines += ["", "| arm / sync | threshold (highest every run of both reaches) | time ratio [95 % CI] | "
-                  "env steps ratio [95 % CI] |", "|---|---|---|---|"]
-    for arm, r in s["ratios"].items():
-        lines.append(f"| {arm} | {r['threshold']:.0%} | {r['wall_s'][0]:.2f} [{r['wall_s'][1]:.2f}, {r['wall_s'][2]:.2f}] | "
-                     f"{r['env_steps'][0]:.2f} [{r['env_steps'][1]:.2f}, {r['env_steps'][2]:.2f}] |")
+        to, per = a["to"][th], a["per_seed"]
+        ratio = s["ratios"].get(arm, {}).get(th)
+        time_cell = _m(to["wall_s"]) if "wall_s" in to else f"{to['reached']}/{to['of']} reached"
+        steps_cell = _m(to["env_steps"], 1e3) if "env_steps" in to else "-"
+        ratio_cells = (f"{_m(ratio['wall_s'], fmt='{:.2f}')} | {_m(ratio['env_steps'], fmt='{:.2f}')}" if ratio
+                       else ("-" if arm == "sync" else "not reached by all") + " | -")
+        pv = list(per.values())
+        lines.append(f"| {arm} | {time_cell} | {_per_seed(per, th)} | {steps_cell} | {ratio_cells} | "
+                     f"{_pct(a['final_success'])} | {np.mean([p['updates'] for p in pv]):.0f} | "
+                     f"{_mean_of(pv, 'lag_updates'):.1f} | {_mean_of(pv, 'rollout_s'):.1f} / "
+                     f"{_mean_of(pv, 'train_s'):.1f} |")
+    lines += ["", "Every threshold (mean [95 % CI] where every seed reached it, else how many did; each seed's "
+                  "figure in the table below):", "",
+              "| arm | " + " | ".join(f"time to {t:.0%} (s)" for t in s["thresholds"]) + " |",
+              "|---|" + "---|" * len(s["thresholds"])]
+    for arm, a in s["arms"].items():
+        cells = [_m(a["to"][t]["wall_s"]) if "wall_s" in a["to"][t] else f"{a['to'][t]['reached']}/{a['to'][t]['of']}"
+                 for t in s["thresholds"]]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    if s["ratios"]:
+        lines += ["", "| arm / sync | threshold | time ratio [95 % CI] | env steps ratio [95 % CI] | "
+                      "resolution (CI spans ratio x/÷) |", "|---|---|---|---|---|"]
+        for arm, by_th in s["ratios"].items():
+            for t, r in by_th.items():
+                lines.append(f"| {arm} | {t:.0%} | {_m(r['wall_s'], fmt='{:.2f}')} | "
+                             f"{_m(r['env_steps'], fmt='{:.2f}')} | {r['resolution']:.2f} |")
+    lines += ["", "Every seed: time (s) and env steps (k) to each threshold, success at end, updates:", "",
+              "| arm | seed | " + " | ".join(f"to {t:.0%}" for t in s["thresholds"]) + " | end | updates |",
+              "|---|---|" + "---|" * (len(s["thresholds"]) + 2)]
+    for arm, a in s["arms"].items():
+        for seed, p in a["per_seed"].items():
+            cells = ["-" if p["to"][t] is None else f"{p['to'][t]['wall_s']:.0f} s, {p['to'][t]['env_steps'] / 1e3:.0f} k"
+                     for t in s["thresholds"]]
+            lines.append(f"| {arm} | {seed} | " + " | ".join(cells) + f" | {100 * p['final_success']:.0f} % "
+                         f"({p['end_wall_s']:.0f} s) | {p['updates']} |")
+    lines += ["", "Success at fixed wall times (mean [95 % CI]" + (", IQM [95 % CI]" if n >= 5 else "")
+              + "; a run that ended holds its last evaluation):", "",
+              "| arm | " + " | ".join(f"at {t / 60:.0f} min" for t in FIXED_TIMES_S) + " |",
+              "|---|" + "---|" * len(FIXED_TIMES_S)]
+    for arm, a in s["arms"].items():
+        cells = [_pct(a["at_time"][t]["mean"]) + (f"; IQM {_pct(a['at_time'][t]['iqm'])}" if "iqm" in a["at_time"][t]
+                                                   else "") for t in FIXED_TIMES_S]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -474,7 +582,7 @@ def plot(results: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.set_ylim(0, 1)
     axes[0].legend(loc="lower right")
-    fig.suptitle(title(results), fontsize=10)
+    fig.suptitle(title(results) + "\n(a run that ended holds its last evaluation)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -501,26 +609,33 @@ def figures(results: dict) -> list[Figure]:
     th = s["threshold"]
     for arm, a in s["arms"].items():
         per = a["per_seed"]
-        if th is not None:
-            figs.append(Figure(bench, f"{arm}: time to {th:.0%}", a["wall_s"][0], "s", note=_ci(a["wall_s"]) + "; seeds "
-                               + ", ".join(f"{p['wall_s']:.0f}" for p in per.values())))
-            figs.append(Figure(bench, f"{arm}: env steps to {th:.0%}", a["env_steps"][0], note=_ci(a["env_steps"])))
+        to = a["to"].get(th) if th is not None else None
+        if to is not None and "wall_s" in to:
+            figs.append(Figure(bench, f"{arm}: time to {th:.0%}", to["wall_s"][0], "s",
+                               note=_ci(to["wall_s"]) + "; seeds " + _per_seed(per, th)))
+            figs.append(Figure(bench, f"{arm}: env steps to {th:.0%}", to["env_steps"][0], note=_ci(to["env_steps"])))
+        elif to is not None:
+            figs.append(Figure(bench, f"{arm}: time to {th:.0%}", None,
+                               note=f"reached by {to['reached']} of {to['of']} runs; seeds " + _per_seed(per, th)))
         figs.append(Figure(bench, f"{arm}: success at run end", a["final_success"][0], "%",
-                           note=f"lag {np.mean([p['policy_lag_mean'] or 0 for p in per.values()]):.2f}, "
+                           note=f"lag {_mean_of(per.values(), 'lag_updates'):.1f} updates, "
                                 f"{np.mean([p['updates'] for p in per.values()]):.0f} updates"))
     if th is None:
         figs.append(Figure(bench, "time to threshold", None,
                            note=f"no threshold of {tuple(results['thresholds'])} every run reaches"))
-    for arm, r in s["ratios"].items():
+    for arm, by_th in s["ratios"].items() if th is not None else ():
+        r = by_th.get(th)
+        if r is None:
+            figs.append(Figure(bench, f"{arm} / sync: time to {th:.0%}", None, note="not reached by every run"))
+            continue
         goal = "<= 0.6, CI high < 0.8" if profile == "model" else ""
         met = (at_most(r["wall_s"][0], 0.6) and r["wall_s"][2] < 0.8) if profile == "model" else None
-        pair = r["threshold"]
-        figs.append(Figure(bench, f"{arm} / sync: time to {pair:.0%}", r["wall_s"][0], "x", goal, met,
-                           note=f"95% CI [{r['wall_s'][1]:.2f}, {r['wall_s'][2]:.2f}]; seeds " + "; ".join(
-                               f"{n} " + ", ".join(f"{t:.0f}" for t in ts) for n, ts in r["per_seed_wall_s"].items())))
-        figs.append(Figure(bench, f"{arm} / sync: env steps to {pair:.0%}", r["env_steps"][0], "x", "<= 1.15",
+        figs.append(Figure(bench, f"{arm} / sync: time to {th:.0%}", r["wall_s"][0], "x", goal, met,
+                           note=f"95% CI [{r['wall_s'][1]:.2f}, {r['wall_s'][2]:.2f}]: with these seeds the "
+                                f"interval spans the ratio x/÷ {r['resolution']:.2f}"))
+        figs.append(Figure(bench, f"{arm} / sync: env steps to {th:.0%}", r["env_steps"][0], "x", "<= 1.15",
                            at_most(r["env_steps"][0], 1.15), note=f"95% CI [{r['env_steps'][1]:.2f}, {r['env_steps'][2]:.2f}]"))
-    figs.append(Figure(bench, "outputs", None, note=f"wrote learning_{tag}.csv and learning_{tag}.png"))
+    figs.append(Figure(bench, "outputs", None, note=f"wrote learning_{tag}.csv, .md and .png"))
     return figs
 
 

@@ -34,9 +34,10 @@ LEARNING = {
                   "--task maniskill`): `make train`'s PushCube config from its own warm start, nothing "
                   "modelled, the learner and the actors on disjoint cores in both arms."),
 }
-SUMMARY = ("Means over seeds with 95 % bootstrap intervals; each async arm against sync at the highest "
-           "success every run of the pair reaches; wait / train is the learner's time waiting for data "
-           "(in sync mode: weight sync + rollout) and training, per update.")
+SUMMARY = ("Means over seeds with 95 % bootstrap intervals; each async arm against sync (the ratio of "
+           "the means, stratified bootstrap) at each threshold every run of the pair reaches; lag is how "
+           "many updates old the data trained on was; wait / train is the learner's time waiting for "
+           "data (in sync mode: weight sync + rollout) and training, per update.")
 
 
 def machine_line(env: dict) -> str:
@@ -78,12 +79,14 @@ def sections(page: str) -> dict[str, str]:
 
 
 def readme_part(tag: str, section: str) -> str:
-    """The README's short form of a learning section: its name, machine, tables and plot."""
+    """The README's short form of a learning section: its name, machine, headline table (the
+    section's first) and plot."""
     lines = section.splitlines()
-    tables = [i for i, line in enumerate(lines) if line.startswith("|")]
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(first, len(lines)) if not lines[i].startswith("|")), len(lines))
     measured = re.search(r"[Mm]easured on (.+?)\.(?:\s|$)", section)
     return "\n".join([f"**{LEARNING[tag][1]}**, measured on {measured.group(1) if measured else '?'}:", "",
-                      *lines[tables[0]:tables[-1] + 1], "",
+                      *lines[first:end], "",
                       f"![success vs wall time and env steps, mean over seeds with 95 % bands]"
                       f"(docs/learning_{tag}.png)"])
 
