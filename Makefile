@@ -35,8 +35,9 @@ test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Performance and learning figures beside their baselines and goals: one table, and the JSON in
-# bench_results/bench.json (+ learning_model.csv / .png). ~2 hours on 2 CPU cores, ~90 minutes of it
-# the learning benchmark (4 arms x 3 seeds) and ~12 the fault suite; `make bench ARGS=--quick` takes ~40.
+# bench_results/bench.json (+ learning_model.csv / .png). On 2 CPU cores: the learning benchmark
+# (4 arms x 5 seeds, each run until it reaches its target) plus ~30 minutes, ~12 of them the fault
+# suite; `make bench ARGS=--quick` takes ~55.
 bench: setup
 	$(PY) -m tests.benchmarks.run_all $(ARGS)
 

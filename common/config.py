@@ -195,7 +195,8 @@ class LearnerConfig:
                                       "from the learner's first wait for data (null: no limit)", gt=0.0)
     target_success: Optional[float] = opt(None, "also stop once the actors' episodes succeed this often: "
                                           "the success rate over the newest learner.target_success_episodes "
-                                          "episodes trained on (null: no target)", gt=0.0, le=1.0)
+                                          "episodes trained on, at or above it over two such windows in a "
+                                          "row (null: no target)", gt=0.0, le=1.0)
     target_success_episodes: int = opt(128, "how many of the newest episodes learner.target_success is "
                                        "measured over (whole updates: at least this many)", ge=1)
     batch_trajectories: int = opt(8, "env trajectories of rollout_length steps in one update, across "

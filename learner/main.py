@@ -44,7 +44,7 @@ from asyncvla.common.signals import stop_on_signals
 from asyncvla.common.trackers import open_trackers
 from asyncvla.learner import checkpoint, engine as ds_engine
 from asyncvla.learner.ingest import Inbox, rollout_plan
-from asyncvla.learner.metrics import Metrics, group, write_accounting
+from asyncvla.learner.metrics import Metrics, TargetWatch, group, write_accounting
 from asyncvla.learner.publish import EmaPublisher, Publisher, trainable_finite
 from asyncvla.learner.starvation import Roster, StarvationWatch
 from asyncvla.learner.update import FiniteGuard, NonFiniteError, outputs_finite, update
@@ -110,6 +110,7 @@ def run(cfg: Config) -> int:
     failure, stopped = None, False    # why the run ends non-zero; whether a signal ended it
     saved_at = start_step             # the step of the newest checkpoint of this run's branch ...
     saved_tag = resume_from           # ... and that checkpoint (None: nothing saved yet)
+    target = TargetWatch(cfg.learner.target_success, cfg.learner.target_success_episodes)
     started = time.perf_counter()
     while step < cfg.learner.max_steps:
         t0 = time.perf_counter()
@@ -152,10 +153,10 @@ def run(cfg: Config) -> int:
                              nonfinite_steps=guard.skipped, checkpoint_failures=save_failures)
         if report["time_up"] or (cfg.learner.max_env_steps and metrics.env_steps >= cfg.learner.max_env_steps):
             break
-        if _target_reached(cfg, report.get("env/episode_success_window")):     # (the same on every rank)
-            log.info("target reached: the newest %d+ episodes succeeded %.0f %% of the time (learner.target_success"
-                     "=%s)", cfg.learner.target_success_episodes, 100 * report["env/episode_success_window"],
-                     cfg.learner.target_success)
+        if target.update(report.get("env/episode_success_window"), int(report["env/episodes"])):  # (all ranks)
+            log.info("target reached: success held at or above learner.target_success=%s over two windows of "
+                     "%d+ episodes in a row (the newest: %.0f %%)", cfg.learner.target_success,
+                     cfg.learner.target_success_episodes, 100 * report["env/episode_success_window"])
             break
 
     # (a run stopped before its first update has nothing new; re-saving the step it resumed from
@@ -395,11 +396,6 @@ def _any_rank(flag: bool, device) -> bool:
     t = torch.tensor([int(flag)], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
-
-
-def _target_reached(cfg: Config, windowed_success: float | None) -> bool:
-    target = cfg.learner.target_success
-    return target is not None and windowed_success is not None and windowed_success >= target
 
 
 def _time_up(cfg: Config, started: float) -> bool:

@@ -130,6 +130,7 @@ class Metrics:
         if n_seg:
             out["rollout/policy_lag_mean"] = total["lag_sum"] / n_seg
             out["rollout/policy_lag_max"] = total["lag_max"]
+        out["env/episodes"] = n_ep
         if n_ep:
             for name in ("return", "length", "success"):
                 out[f"env/episode_{name}"] = total[f"{name}_sum"] / n_ep
@@ -204,6 +205,23 @@ def windowed_success(recent: collections.deque, n: int) -> float | None:
         recent.popleft()
     episodes = sum(e for e, _ in recent)
     return sum(s for _, s in recent) / episodes if episodes >= n else None
+
+
+class TargetWatch:
+    """learner.target_success: reached once the windowed success has stayed at or above the target
+    while a whole further window of episodes arrived, i.e. over two disjoint windows in a row. A
+    single crossing is often luck: a run stopped on it evaluated below the target."""
+
+    def __init__(self, target: float | None, window: int):
+        self.target, self.window = target, window
+        self.held: int | None = None        # episodes since the window reached the target (None: below)
+
+    def update(self, windowed: float | None, new_episodes: int) -> bool:
+        if self.target is None or windowed is None or windowed < self.target:
+            self.held = None
+            return False
+        self.held = 0 if self.held is None else self.held + new_episodes
+        return self.held >= self.window
 
 
 def write_accounting(run_dir, step: int, inbox, servers=(), **counts) -> Path:

@@ -17,8 +17,7 @@ from asyncvla.common.control import ControlServer, LearnerClient
 from asyncvla.common.sockets import ThreadDied
 from asyncvla.common.weight_channel import WeightServer, WeightSubscriber
 from asyncvla.learner.ingest import MAX_SEQ_JUMP, ColumnBuffer, Inbox, SeenSegments, rollout_plan
-from asyncvla.learner.main import _target_reached
-from asyncvla.learner.metrics import Metrics, windowed_success
+from asyncvla.learner.metrics import Metrics, TargetWatch, windowed_success
 from tests.test_protocol import LIMITS, make_segment, make_spec
 
 SPEC = make_spec(T=2, B=4, H=8, L=4, K=2, D=2)
@@ -152,24 +151,32 @@ def test_windowed_success_matches_a_naive_count_and_stays_bounded():
         assert len(recent) <= 21        # (updates without episodes are dropped once the window is covered)
 
 
-def test_the_target_success_ends_a_run_once_the_window_reaches_it():
-    """Metrics.report gives the window's success on real segments; the learner's loop stops on it."""
-    cfg = Config()
-    cfg.learner.target_success, cfg.learner.target_success_episodes = 0.5, 9
+def test_the_target_success_ends_a_run_once_it_held_over_two_windows_in_a_row():
+    """Metrics.report gives the window's success on real segments; TargetWatch, which the
+    learner's loop stops on, fires once the target has held while a whole further window arrived."""
     metrics = Metrics(None, progress_total=10, show_progress=False, success_window=9)
+    watch = TargetWatch(0.5, 9)
     decisions = []
-    for successes in (0, 3, 6, 0):           # of 6 episodes an update: 2 segments of 3
+    for successes in (0, 3, 6, 0, 6, 6, 6):      # of 6 episodes an update: 2 segments of 3
         for half in (0, 1):
             seg = make_segment(SPEC, B=4, episodes=3)
             seg.arrays["ep_success"][:] = 0
             seg.arrays["ep_success"][:(successes + 1 - half) // 2] = 1
             metrics.add_segment(seg, lag=0)
-        window = metrics.report(1, {}, {}, samples=1).get("env/episode_success_window")
-        decisions.append((window, _target_reached(cfg, window)))
-    # 9 episodes take the newest 2 updates (12 episodes); the first update alone has too few
-    assert decisions == [(None, False), (0.25, False), (0.75, True), (0.5, True)]
-    cfg.learner.target_success = None
-    assert not _target_reached(cfg, 1.0)
+        report = metrics.report(1, {}, {}, samples=1)
+        assert report["env/episodes"] == 6
+        window = report.get("env/episode_success_window")
+        decisions.append((window, watch.update(window, report["env/episodes"])))
+    # 9 episodes take the newest 2 updates (12 episodes); the first update alone has too few.
+    # The window reaches 50 % at the 3rd update, and holds it for 6 + 6 >= 9 more episodes at the 5th.
+    assert decisions == [(None, False), (0.25, False), (0.75, False), (0.5, False), (0.5, True),
+                         (1.0, True), (1.0, True)]
+
+
+def test_a_target_crossing_that_does_not_hold_starts_the_count_again():
+    watch = TargetWatch(0.8, 100)
+    assert [watch.update(w, 60) for w in (0.85, 0.9, 0.7, 0.8, 0.9, 0.95)] == [False] * 5 + [True]
+    assert not TargetWatch(None, 100).update(1.0, 1000)          # no target: never
 
 
 def test_seen_segments_bounded_per_actor_and_in_actors():
