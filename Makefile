@@ -36,7 +36,7 @@ test: setup
 
 # Performance and learning figures beside their baselines and goals: one table, and the JSON in
 # bench_results/bench.json (+ learning_model.csv / .png). On 2 CPU cores: the learning benchmark
-# (4 arms x 5 seeds, each run until it reaches its target) plus ~30 minutes, ~12 of them the fault
+# (4 arms x 5 seeds, each run until it reaches its target: ~2.5 hours) plus ~30 minutes, ~12 of them the fault
 # suite; `make bench ARGS=--quick` takes ~55.
 bench: setup
 	$(PY) -m tests.benchmarks.run_all $(ARGS)

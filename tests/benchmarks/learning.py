@@ -10,8 +10,9 @@ Two tasks (--task):
                headline threshold over two windows of 128 in a row (learner.target_success), or
                at an update cap, so that every run reaches the threshold on a fast or a slow
                machine alike.
-               Full: headline 80 %, 5 seeds, 128 episodes; --quick: 70 %, 3 seeds, 64 episodes,
-               sync and async only (the same logic, smaller).
+               Full: headline 80 %, 5 seeds, 128 episodes, ~2.5 h on 2 cores (an estimate from
+               the quick runs); --quick: 70 %, 3 seeds, 64 episodes, sync and async only (the same
+               logic, smaller), 29-30 min on 2 cores.
     maniskill  configs/maniskill.yaml, what `make train` runs: PushCube-v1 at the real simulator's
                cost (plain), the learner and the actors on disjoint cores in both arms; its own
                thresholds (RL lifts its warm start to ~20-30 %) and wall-clock budgets,

@@ -9,10 +9,10 @@ and the CPU other work took meanwhile, the figures and every raw result. A bench
 is reported in the table and the JSON, the others still run, and the exit status is 1. With the
 default --out, docs/results.md and the README's Results table are regenerated from it last
 (tests/benchmarks/results_page.py). Full mode takes the learning benchmark's time (4 arms x 5
-seeds on the modelled cost profile, each run until it reaches its target: see its docstring;
+seeds on the modelled cost profile, each run until it reaches its target, ~2.5 hours: see its docstring;
 `python -m tests.benchmarks.learning --profile plain` runs the plain one) plus ~30 minutes, 12 of
 them the fault suite (faults: every attack of the reliability issue on a real run, its table
-printed as it ends); --quick ~55, ~35 of them learning. Benchmarks are not tests: nothing here
+printed as it ends); --quick ~55, ~30 of them learning. Benchmarks are not tests: nothing here
 asserts a timing.
 
 Two component benchmarks are not part of the default run (their figures are inputs of the
