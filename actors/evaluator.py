@@ -27,10 +27,13 @@ import torch
 from asyncvla.actors.evaluate import format_summary, periodic_eval
 from asyncvla.actors.join import join
 from asyncvla.common.config import TransportConfig
+from asyncvla.common.control import BYE_HOLD_MAX_S
 from asyncvla.common.signals import stop_on_signals
 
 log = logging.getLogger("asyncvla.evaluator")
-LAST_WEIGHTS_WAIT_S = 60.0      # at the end of training, for the last published version's weights
+# At the end of training, for the last published version's weights (the learner serves them
+# until this evaluator's bye, which waits for them at most BYE_HOLD_MAX_S).
+LAST_WEIGHTS_WAIT_S = BYE_HOLD_MAX_S + 5.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +56,9 @@ def run(learner: str, run_dir: Path, tcfg) -> int:
     if joined is None:
         return stop.exit_code()
     cfg, policy, weights = joined.cfg, joined.policy, joined.weights
+    # At the end of training: bye (which lets the learner close its weight server) only once the
+    # last version is here.
+    joined.client.bye_when = lambda last: weights.version >= last
     interval, last_step = cfg.eval.eval_interval, cfg.learner.max_steps
     writer = open_trackers(cfg, run_dir, "evaluator")
     next_step, version, latest = interval, -1, None     # latest: (step, tensors) not yet evaluated
@@ -95,7 +101,7 @@ def run(learner: str, run_dir: Path, tcfg) -> int:
 def _wait_for_last_version(weights, last_version: int, version: int, latest, stop):
     """(version, latest) once the learner's last published version has arrived, or after
     LAST_WEIGHTS_WAIT_S. It is published before "shutdown", but the weights travel on their own
-    channel, so on a busy machine they can come after it."""
+    channel, so they can come after it."""
     deadline = time.monotonic() + LAST_WEIGHTS_WAIT_S
     while version < last_version and not stop.is_set() and time.monotonic() < deadline:
         got = weights.wait_newer(version, timeout=min(1.0, max(0.0, deadline - time.monotonic())))

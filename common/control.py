@@ -8,7 +8,9 @@
                                                                 a restart)
     actor  -> get_policy_files {actor_id, token}      learner -> policy_files (one frame per file)
     actor  -> bye {actor_id, token}                   learner -> shutdown (at the end of training;
-                                                                the actor answers bye)
+                                                                the actor answers bye: an evaluator
+                                                                once it holds the last weights, and
+                                                                it heartbeats until then)
 
 The learner's ControlServer keeps a `Registry` of live actors (joins, leaves, time-outs), each
 held by the connection it joined on until that connection is gone, and bound to the CURVE key it
@@ -54,6 +56,12 @@ NO_ANSWER_REPEAT_S = 30.0     # ... and again this often while it keeps trying
 # of seconds to start (DeepSpeed on a CPU): their first warning waits longer.
 LAUNCHED_WARN_S = 120.0
 MAX_PATH_PARTS = 8            # policy files lie at most this deep in the policy directory
+# At the end of training an evaluator answers "shutdown" only once its weight subscriber holds the
+# last version (the weights travel on their own channel, which closes after the byes). It waits
+# at most BYE_HOLD_MAX_S; the learner waits a little longer for a client that still heartbeats.
+BYE_HOLD_MAX_S = 30.0
+BYE_HOLD_BEAT_S = 0.5         # ... heartbeating this often while it holds its bye
+BYE_WAIT_MAX_S = BYE_HOLD_MAX_S + 10.0
 
 
 # ----------------------------------------------------------------------------------- registry
@@ -234,11 +242,16 @@ class ControlServer:
         self._node.close()
 
     def _drain_until_bye(self, actor_ids: set, timeout_s: float) -> None:
-        """Read (and drop) what actors still send until each notified one has said bye. Closing
+        """Read (and drop) what actors still send until each notified one has said bye, waiting
+        `timeout_s`, or up to BYE_WAIT_MAX_S while one that has not heartbeats (an evaluator
+        fetching the last weights: the caller closes the weight server only after this). Closing
         with unread data makes the kernel reset the connection, and a reset throws away what the
         actor had not read yet: the shutdown notice itself."""
-        deadline = time.monotonic() + timeout_s
-        while actor_ids and time.monotonic() < deadline:
+        started, busy = time.monotonic(), set()      # busy: heartbeat after the notice
+        while actor_ids:
+            waited = time.monotonic() - started
+            if waited >= BYE_WAIT_MAX_S or (waited >= timeout_s and not actor_ids & busy):
+                break
             if not self._router.poll(50):
                 continue
             frames = self._router.recv_multipart(copy=False)
@@ -246,11 +259,16 @@ class ControlServer:
                 msg = decode_control(frames[1:], self._limits, "hello", "heartbeat", "bye", "get_policy_files")
             except ValidationError:
                 continue
-            if msg.kind == "bye" and self._refusal(msg.meta, peer_key(frames[1])) is None:
-                with self._lock:
-                    left = self.registry.bye(msg.meta["actor_id"], frames[0].bytes)
-                if left:
-                    actor_ids.discard(msg.meta["actor_id"])
+            if msg.kind not in ("bye", "heartbeat") or self._refusal(msg.meta, peer_key(frames[1])) is not None:
+                continue
+            if msg.kind == "heartbeat":
+                if waited >= BYE_HOLD_BEAT_S:         # (not one queued before the notice)
+                    busy.add(msg.meta["actor_id"])
+                continue
+            with self._lock:
+                left = self.registry.bye(msg.meta["actor_id"], frames[0].bytes)
+            if left:
+                actor_ids.discard(msg.meta["actor_id"])
 
     # ------------------------------------------------------------------ server thread
     def _serve(self) -> None:
@@ -403,7 +421,9 @@ class LearnerClient:
     when the learner is silent for heartbeat_timeout_s and the client says hello again with
     back-off until it answers (`rejoins` counts the successes, `welcome` holds the latest,
     `token` the latest welcome's token, which the actor's other requests carry). `finished`
-    turns True when the learner announces the end of training.
+    turns True when the learner announces the end of training, and the client answers bye: at
+    once, or, with `bye_when` set (a function of the last version), once it returns True or after
+    BYE_HOLD_MAX_S, heartbeating meanwhile (an evaluator: until its weights hold the last version).
     """
 
     def __init__(self, control_endpoint: str, actor_id: str, tcfg, host: str | None = None,
@@ -426,6 +446,7 @@ class LearnerClient:
         self.learner_alive = False
         self.finished = False
         self.final_version = -1                 # the last version the learner published ("shutdown")
+        self.bye_when: Callable[[int], bool] | None = None
         self.joins = self.rejoins = 0
         self.error: str | None = None
         self._request: dict | None = None      # the one outstanding get_policy_files
@@ -532,7 +553,6 @@ class LearnerClient:
                     self._request["sent"] = False
             elif msg.kind == "shutdown":
                 log.info("learner at %s finished training", self.endpoint)
-                self._send("bye", self._credentials())      # the learner waits for it
                 self.final_version = msg.meta["version"]
                 self.finished = True
             elif msg.kind == "error" and not joined and self.joins:
@@ -542,8 +562,23 @@ class LearnerClient:
                             printable(msg.meta["message"]))
             elif msg.kind in ("policy_files", "error"):
                 self._on_reply(msg)
-        if joined and not self.finished:
-            self._send("bye", self._credentials())
+        if self.finished:
+            self._hold_bye()
+        if joined or self.finished:
+            self._send("bye", self._credentials())      # the learner waits for it
+
+    def _hold_bye(self) -> None:
+        """Until bye_when(final_version) holds, BYE_HOLD_MAX_S pass or the client is closed."""
+        deadline = time.monotonic() + BYE_HOLD_MAX_S
+        while self.bye_when is not None and not self.bye_when(self.final_version):
+            if self._stop.is_set():
+                return
+            if time.monotonic() >= deadline:
+                log.warning("version %d has not arrived after %.0f s; saying bye to the learner without it",
+                            self.final_version, BYE_HOLD_MAX_S)
+                return
+            self._send("heartbeat", self._credentials())
+            self._stop.wait(BYE_HOLD_BEAT_S)
 
     def _receive(self) -> Message | None:
         frames = self._sock.recv_multipart(copy=False)

@@ -88,6 +88,8 @@ class WeightServer:
             self._wake_tx.send(b"")
 
     def close(self) -> None:
+        if self._stop.is_set():
+            return                                # (closed already)
         self._stop.set()
         with self._lock:
             self._wake_tx.send(b"")
