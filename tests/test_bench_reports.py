@@ -22,7 +22,7 @@ def _run(times_to, success_end, updates, wait_s, train_s):
 def _results():
     runs = {"sync": {s: _run((100.0 + s, 300.0 + 10 * s), 0.4, 30, 5.0, 4.0) for s in range(3)},
             "async": {s: _run((50.0 + s, 150.0 + 10 * s), 0.45, 60, 0.5, 4.5) for s in range(3)}}
-    return {"thresholds": [0.5, 0.4, 0.3, 0.2, 0.1], "sft": {"success": 0.1}, "runs": runs, "seeds": [0, 1, 2],
+    return {"thresholds": [0.5, 0.4, 0.3, 0.2, 0.1], "sft": {"success": 0.1, "ci_low": 0.0, "ci_high": 0.2}, "runs": runs, "seeds": [0, 1, 2],
             "calibration": None, "profile": "plain", "tag": "maniskill", "env_id": "PushCube-v1", "episodes": 64}
 
 
@@ -66,6 +66,26 @@ def test_a_headline_threshold_not_every_run_reaches_is_reported_as_such():
     assert "| async | 2/3 reached | 150, 160, - | - | not reached by all | - |" in md
     figs = {f.name: f for f in learning.figures(results)}
     assert figs["async: time to 40%"].value is None and "reached by 2 of 3" in figs["async: time to 40%"].note
+
+
+def test_arms_from_their_own_warm_starts_are_judged_against_them_and_against_async():
+    """The heads comparison: the flow arm starts from its own (higher) warm start. A run is raised
+    when its last evaluation's lower bound clears its own warm start's upper bound, and each arm's
+    end is set against async's with an interval; without a sync arm there is no ratio column."""
+    results = _results()
+    flow = {s: _run((20.0, 200.0), 0.5, 40, 0.5, 4.5) for s in range(3)}
+    flow[1]["curve"][-1]["ci_low"] = 0.25                    # seed 1 does not clear its warm start
+    results["runs"] = {"async": results["runs"]["async"], "async_flow": flow}
+    results["warm_starts"] = {"async": results["sft"], "async_flow": {"success": 0.2, "ci_low": 0.12, "ci_high": 0.28}}
+    s = learning.summarize(results)
+    assert [p["raised"] for p in s["arms"]["async"]["per_seed"].values()] == [True] * 3    # 0.3 > 0.2
+    assert [p["raised"] for p in s["arms"]["async_flow"]["per_seed"].values()] == [True, False, True]
+    d = s["final_vs_async"]["async_flow"]
+    assert abs(d[0] - 0.05) < 1e-9 and d[1] <= d[0] <= d[2] and set(s["final_vs_async"]) == {"async_flow"}
+    results["summary"] = s
+    md = learning.markdown(results)
+    assert "| async_flow | 20 % [12, 28] | 50 % [30, 50], 50 % [25, 50], 50 % [30, 50] | 2/3 | +5 [" in md
+    assert "| async | 10 % [0, 20] | " in md and "not reached by all" not in md
 
 
 def test_lag_in_updates_counts_the_publish_interval():

@@ -1,10 +1,10 @@
 """Learning speed over seeds: time and env steps to a success rate, asynchronous vs synchronous.
 
 What users buy is reaching a success rate sooner, so this is the product's headline benchmark.
-From ONE warm start (the task's demos + SFT, made once with `asyncvla collect` and `asyncvla sft`
-and cached under OUT/learning/), each arm runs `asyncvla train CONFIG policy.pretrained_path=SFT`
-once per seed (env.seed and actor.seed).
-Two tasks (--task):
+From ONE warm start per kind of action head (the task's demos + SFT, made once with `asyncvla
+collect` and `asyncvla sft` and cached under OUT/learning/), each arm runs `asyncvla train CONFIG
+policy.pretrained_path=SFT` once per seed (env.seed and actor.seed).
+Three tasks (--task):
     pixel      configs/pixel_task.yaml, either cost profile below (the default). Runs end by
                progress: once the episodes the learner trained on succeed 5 points above the
                headline threshold over two windows of 128 in a row (learner.target_success), or
@@ -17,6 +17,11 @@ Two tasks (--task):
                cost (plain), the learner and the actors on disjoint cores in both arms; its own
                thresholds (RL lifts its warm start to ~20-30 %) and wall-clock budgets,
                OUT/learning_maniskill/ (full: 2 arms x 3 seeds ~2.5 h on 2 cores: `--arms sync,async`)
+    heads      the pixel task at its own speed (plain), the token head against the flow head
+               (Flow-SDE and Flow-Noise), asynchronous, each from its own warm start (the flow
+               head's: 900 steps of flow-matching SFT), 15 min of RL per run (--quick: 10 min,
+               no Flow-Noise); reports whether each run ends above its warm start, and each
+               arm's end against the token head's. Full: 3 arms x 3 seeds, ~2.5 h.
 The arms (full: sync, async and the two large-lag ones; --arms picks any):
     sync               --sync: rollout and training in series (today's synchronous VLA-RL loop)
     async              asynchronous, V-trace + PPO clipped around the behaviour policy (the default loss)
@@ -24,6 +29,8 @@ The arms (full: sync, async and the two large-lag ones; --arms picks any):
     async_nocorr       asynchronous, no off-policy correction (stale data treated as on-policy)
     async_lag4         async with weights published every 4 updates: data ~5 updates old
     async_lag4_nocorr  the same lag, no correction: where V-trace should pay
+    async_flow         async with the flow head (policy.action_head=flow, Flow-SDE), from its warm start
+    async_flow_noise   the same with Flow-Noise (ReinFlow: every denoising step Gaussian, learned std)
 Seeds run in turn, every arm within a seed, so that drift in the machine's load falls on all arms.
 
 Two cost profiles (--profile):
@@ -85,7 +92,11 @@ ARMS = {"sync": ["--sync"],
         "async_nocorr": ["algorithm.off_policy_correction=none"],
         # a larger lag: weights published every 4 updates, so the data trained on is ~5 updates old
         "async_lag4": ["algorithm.policy_loss=behavior_clip", "learner.publish_interval=4"],
-        "async_lag4_nocorr": ["algorithm.off_policy_correction=none", "learner.publish_interval=4"]}
+        "async_lag4_nocorr": ["algorithm.off_policy_correction=none", "learner.publish_interval=4"],
+        # the flow head (pi0's way of acting), from its own flow-matching warm start
+        "async_flow": ["algorithm.policy_loss=behavior_clip", "policy.action_head=flow"],
+        "async_flow_noise": ["algorithm.policy_loss=behavior_clip", "policy.action_head=flow",
+                             "policy.flow.noise_method=flow_noise"]}
 FULL_ARMS = ("sync", "async", "async_lag4", "async_lag4_nocorr")     # --arms adds the others
 QUICK_ARMS = ("sync", "async")
 PROFILES = ("model", "plain")
@@ -112,20 +123,36 @@ class Task:
     max_updates: dict = field(default_factory=dict)   # quick -> the cap of a run that ends by progress
     budgets: dict = field(default_factory=dict)   # (quick, profile) -> wall-clock budget (s) per arm kind
     sft_args: tuple[str, ...] = ()
+    flow_sft_args: tuple[str, ...] = ()   # the flow arms' warm start (none: the task has no flow arms)
     run_args: tuple[str, ...] = ()  # every run's overrides
     work_name: str = "learning"     # OUT/<work_name>: its cached stages
     tag: dict = field(default_factory=dict)   # profile -> output name (OUT/learning_<tag>.*)
+    arms: dict = field(default_factory=lambda: {False: FULL_ARMS, True: QUICK_ARMS})   # quick -> default arms
+    seeds: dict = field(default_factory=lambda: {False: 5, True: 3})                   # quick -> default seeds
 
 
 TARGET_EPISODES = 128
+TOKEN_SFT = ("policy.action_head=autoregressive",)
+FLOW_SFT = ("policy.action_head=flow", "sft.steps=900")
 TASKS = {
     # Runs end by progress: 5 points above the headline threshold over two windows of 128 training
     # episodes in a row. Stopped on one crossing of 75 %, 1 of 3 quick async runs evaluated at 61 %.
     "pixel": Task(workload.CONFIG, "PixelReach-v0", PROFILES, thresholds=(0.9, 0.8, 0.7, 0.6),
                   eval_gap_s={False: 30.0, True: 20.0}, episodes={False: 128, True: 64},
                   top={False: 0.8, True: 0.7}, target={False: 0.85, True: 0.75},
-                  max_updates={False: 2000, True: 1200}, sft_args=("policy.action_head=autoregressive",),
+                  max_updates={False: 2000, True: 1200}, sft_args=TOKEN_SFT, flow_sft_args=FLOW_SFT,
                   tag={"model": "model", "plain": "plain"}),
+    # The two kinds of action head in the same RL budget (make train's 15 min), each from its own
+    # warm start: the token head's is the pixel task's, the flow head's is 900 steps of
+    # flow-matching SFT (where it starts to read the image: docs/models.md). The question is
+    # whether RL lifts each run above its warm start and where each ends, so the budgets are wall time.
+    "heads": Task(workload.CONFIG, "PixelReach-v0", ("plain",), thresholds=(0.95, 0.9, 0.85, 0.8),
+                  eval_gap_s={False: 60.0, True: 60.0}, episodes={False: 128, True: 128},
+                  budgets={(False, "plain"): {"sync": 900.0, "async": 900.0},
+                           (True, "plain"): {"sync": 600.0, "async": 600.0}},
+                  sft_args=TOKEN_SFT, flow_sft_args=FLOW_SFT, tag={"plain": "heads"},
+                  arms={False: ("async", "async_flow", "async_flow_noise"), True: ("async", "async_flow")},
+                  seeds={False: 3, True: 3}),
     # The real simulator's cost, nothing modelled: `make train`'s config from its own warm start,
     # the learner and the actors on disjoint cores in both arms (on 2 cores: one each). RL lifts
     # that warm start from ~1 % to 19-32 % in 96 updates (~15 min), hence the low thresholds and
@@ -157,40 +184,46 @@ def run(quick: bool = False, out_dir: Path = OUT_DIR, profile: str | None = None
     profile = profile or t.profiles[0]
     if profile not in t.profiles:
         raise ValueError(f"profile={profile!r} with task={task!r}; choose from {t.profiles}")
-    arms = tuple(arms or (QUICK_ARMS if quick else FULL_ARMS))
-    seeds = seeds or (3 if quick else 5)
+    arms = tuple(arms or t.arms[quick])
+    seeds = seeds or t.seeds[quick]
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         raise ValueError(f"unknown arm(s) {unknown}; choose from {list(ARMS)}")
+    if not t.flow_sft_args and any(head_of(a) == "flow" for a in arms):
+        raise ValueError(f"task={task!r} has no flow warm start; the flow arms run on the pixel task")
     episodes = t.episodes[quick]
     work = out_dir / t.work_name
     if fresh:
         shutil.rmtree(work / MADE_WITH, ignore_errors=True)
-    sft_policy = warm_start(work, t)
-    sft_point = evaluate_policy_dir(sft_policy, episodes, t.config)
-    latency_ms, calibration = (calibrate(work, sft_policy, t) if profile == "model" else (0.0, None))
+    heads = sorted({head_of(a) for a in arms} | ({"token"} if profile == "model" else set()))
+    policies = {head: warm_start(work, t, head) for head in heads}
+    sft_points = {head: evaluate_policy_dir(policies[head], episodes, t.config) for head in heads}
+    latency_ms, calibration = (calibrate(work, policies["token"], t) if profile == "model" else (0.0, None))
     stop = stop_rule(t, quick, profile)
     results = {"task": task, "config": t.config, "env_id": t.env_id, "tag": t.tag[profile], "profile": profile,
                "thresholds": list(t.thresholds), "top": t.top.get(quick), "stop": stop,
                "sim_latency_ms": latency_ms, "calibration": calibration, "episodes": episodes,
-               "eval_seed": EVAL_SEED, "seeds": list(range(seeds)), "sft": sft_point,
+               "eval_seed": EVAL_SEED, "seeds": list(range(seeds)),
+               "sft": min(sft_points.values(), key=lambda p: p["success"]),     # the lower warm start
+               "warm_starts": {a: sft_points[head_of(a)] for a in arms},
                "publish_interval": {a: publish_interval(a) for a in arms}, "runs": {a: {} for a in arms}}
     for seed in range(seeds):
         for arm in arms:
-            name = f"{profile}_{arm}_s{seed}"
+            name = run_name(t, profile, arm, seed)
             args = [*ARMS[arm], *t.run_args, *stop[arm], f"env.seed={seed}", f"actor.seed={seed}",
                     f"env.sim_latency_ms={latency_ms:.3f}"]
-            settings = _settings(t.config, *args, warm_start=_settings(t.config), method=RUN_METHOD)
+            settings = _settings(t.config, *args, warm_start=_settings(t.config, *warm_start_args(t, arm)),
+                                 method=RUN_METHOD)
             if _made_with(work, name, settings):
                 print(f"[learning] {name}: reusing the finished run", flush=True)
             else:
                 print(f"[learning] {name}: {' '.join(stop[arm])}", flush=True)
-                train(name, args, sft_policy, work, t.config)
+                train(name, args, policies[head_of(arm)], work, t.config)
                 _stamp(work, name, settings)
     for arm in arms:                 # evaluated after all training, so that no run shares its cores with it
         for seed in range(seeds):
-            run_dir = work / f"{profile}_{arm}_s{seed}"
-            curve = [dict(sft_point, wall_s=0.0, env_steps=0, step=0)]
+            run_dir = work / run_name(t, profile, arm, seed)
+            curve = [dict(sft_points[head_of(arm)], wall_s=0.0, env_steps=0, step=0)]
             curve += evaluate_checkpoints(run_dir, episodes, t.eval_gap_s[quick])
             results["runs"][arm][seed] = {"run_dir": str(run_dir), "curve": curve, **run_timing(run_dir)}
     results["summary"] = summarize(results)
@@ -212,16 +245,32 @@ def publish_interval(arm: str) -> int:
     return next((int(a.split("=")[1]) for a in ARMS[arm] if a.startswith("learner.publish_interval=")), 1)
 
 
+def head_of(arm: str) -> str:
+    """'flow' for the flow-head arms, else 'token': which warm start an arm starts from."""
+    return "flow" if "policy.action_head=flow" in ARMS[arm] else "token"
+
+
+def warm_start_args(t: Task, arm: str) -> tuple[str, ...]:
+    """What an arm's warm start was made with beyond the config (the token head's: nothing, so
+    that runs made before there were flow arms keep their stamps)."""
+    return t.flow_sft_args if head_of(arm) == "flow" else ()
+
+
+def run_name(t: Task, profile: str, arm: str, seed: int) -> str:
+    return f"{t.tag[profile]}_{arm}_s{seed}"
+
+
 def add_arguments(parser) -> list[str]:
     """This benchmark's own flags (report.main passes them to run)."""
     parser.add_argument("--task", choices=list(TASKS), default="pixel",
                         help="pixel: the pixel task from one SFT warm start; maniskill: make train's PushCube "
                              "config at the real simulator's cost (--profile plain), actors and learner on "
-                             "disjoint cores")
+                             "disjoint cores; heads: the token head against the flow head on the pixel task, "
+                             "each from its own warm start, 15 min of RL")
     parser.add_argument("--profile", choices=PROFILES, default=None,
                         help="model: seed 002's rollout:training ratio, modelled with env.sim_latency_ms; "
                              "plain: the task's own speed (default: model for pixel, plain for maniskill)")
-    parser.add_argument("--seeds", type=int, default=None, help="runs per arm (seeds 0..N-1; default 5, --quick 3)")
+    parser.add_argument("--seeds", type=int, default=None, help="runs per arm (seeds 0..N-1; default 5, --quick 3; heads: 3)")
     parser.add_argument("--arms", type=lambda s: tuple(s.split(",")), default=None,
                         help=f"comma-separated subset of {','.join(ARMS)} (default: {','.join(FULL_ARMS)}; "
                              f"--quick: {','.join(QUICK_ARMS)})")
@@ -229,21 +278,24 @@ def add_arguments(parser) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------- stages
-def warm_start(work: Path, task: Task) -> Path:
-    """demos + SFT under `work` with the config's own settings, made once (cached)."""
-    demos, policy = work / "demos", work / "sft_run" / "sft" / "policy"
+def warm_start(work: Path, task: Task, head: str = "token") -> Path:
+    """demos + SFT of the `head` (token or flow) under `work`, made once (cached)."""
+    name = "sft_run" if head == "token" else f"sft_run_{head}"
+    demos, policy = work / "demos", work / name / "sft" / "policy"
     cli = [sys.executable, "-m", "asyncvla.launch.cli"]
-    sft = list(task.sft_args)
+    sft = list(task.sft_args if head == "token" else task.flow_sft_args)
     if not _made_with(work, "demos", _settings(task.config)):
         shutil.rmtree(demos, ignore_errors=True)
         subprocess.run(cli + ["collect", task.config, "--out", str(demos)], check=True)
         _stamp(work, "demos", _settings(task.config))
-        (work / MADE_WITH / "sft_run.json").unlink(missing_ok=True)
-    if not _made_with(work, "sft_run", _settings(task.config, *sft)):
-        shutil.rmtree(work / "sft_run", ignore_errors=True)
+        for stale in (work / MADE_WITH).glob("sft_run*.json"):
+            stale.unlink()
+    if not _made_with(work, name, _settings(task.config, *sft)):
+        print(f"[learning] {name}: SFT {' '.join(sft)}", flush=True)
+        shutil.rmtree(work / name, ignore_errors=True)
         subprocess.run(cli + ["sft", task.config, f"sft.data={demos}", f"logging.output_dir={work}",
-                              "logging.experiment_name=sft_run", "logging.progress=false", *sft], check=True)
-        _stamp(work, "sft_run", _settings(task.config, *sft))
+                              f"logging.experiment_name={name}", "logging.progress=false", *sft], check=True)
+        _stamp(work, name, _settings(task.config, *sft))
     return policy
 
 
@@ -377,6 +429,14 @@ def bootstrap_ratio(num, den, rng: np.random.Generator, n: int = BOOTSTRAP) -> t
     return float(a.mean() / b.mean()), float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
 
 
+def bootstrap_diff(a, b, rng: np.random.Generator, n: int = BOOTSTRAP) -> tuple[float, float, float]:
+    """mean(a) - mean(b) and its 95 % stratified bootstrap interval (each arm resampled alone)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    diffs = (a[rng.integers(0, len(a), size=(n, len(a)))].mean(axis=1)
+             - b[rng.integers(0, len(b), size=(n, len(b)))].mean(axis=1))
+    return float(a.mean() - b.mean()), float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))
+
+
 def iqm(values) -> float:
     """Interquartile mean: the mean of the middle half (25 % trimmed each side, whole runs)."""
     v = np.sort(np.asarray(values, dtype=float))
@@ -425,13 +485,17 @@ def summarize(results: dict) -> dict:
     for arm, seeds in runs.items():
         curves = [r["curve"] for r in seeds.values()]
         p_int = interval.get(arm, 1)
-        a = {"per_seed": {}, "to": {}}
+        warm = results.get("warm_starts", {}).get(arm, results["sft"])
+        a = {"per_seed": {}, "to": {}, "warm_start": warm}
         for seed, r in seeds.items():
             hits = {th: first_reaching(r["curve"], th) for th in thresholds}
             lag = r["policy_lag_mean"]
+            end = r["curve"][-1]
             a["per_seed"][seed] = {
                 "to": {th: h and {"wall_s": h["wall_s"], "env_steps": h["env_steps"]} for th, h in hits.items()},
-                "final_success": r["curve"][-1]["success"], "updates": r["updates"],
+                "final_success": end["success"], "final_ci": [end["ci_low"], end["ci_high"]],
+                "raised": end["ci_low"] > warm["ci_high"],      # RL's lower bound above SFT's upper
+                "updates": r["updates"],
                 "train_s": r["train_s"], "rollout_s": r["rollout_s"], "policy_lag_mean": lag,
                 # data trained at step s came from weights published at a multiple of the interval
                 "lag_updates": None if lag is None else p_int * lag + (p_int - 1) / 2,
@@ -468,6 +532,10 @@ def summarize(results: dict) -> dict:
                 ratio["resolution"] = float(np.sqrt(hi / lo))     # the interval spans ratio x/÷ this
                 out["ratios"][arm][th] = ratio
         out["sync_rollout_to_train"] = [s["rollout_s"] / s["train_s"] for s in out["arms"]["sync"]["per_seed"].values()]
+    if "async" in runs:          # where each other arm ends against the default async arm, in success
+        finals = {arm: [r["curve"][-1]["success"] for r in seeds.values()] for arm, seeds in runs.items()}
+        out["final_vs_async"] = {arm: bootstrap_diff(finals[arm], finals["async"], rng)
+                                 for arm in runs if arm not in ("async", "sync")}
     return out
 
 
@@ -525,7 +593,7 @@ def markdown(results: dict) -> str:
         time_cell = _m(to["wall_s"]) if "wall_s" in to else f"{to['reached']}/{to['of']} reached"
         steps_cell = _m(to["env_steps"], 1e3) if "env_steps" in to else "-"
         ratio_cells = (f"{_m(ratio['wall_s'], fmt='{:.2f}')} | {_m(ratio['env_steps'], fmt='{:.2f}')}" if ratio
-                       else ("-" if arm == "sync" else "not reached by all") + " | -")
+                       else ("-" if arm == "sync" or "sync" not in s["arms"] else "not reached by all") + " | -")
         pv = list(per.values())
         lines.append(f"| {arm} | {time_cell} | {_per_seed(per, th)} | {steps_cell} | {ratio_cells} | "
                      f"{_pct(a['final_success'])} | {np.mean([p['updates'] for p in pv]):.0f} | "
@@ -563,6 +631,19 @@ def markdown(results: dict) -> str:
         cells = [_pct(a["at_time"][t]["mean"]) + (f"; IQM {_pct(a['at_time'][t]['iqm'])}" if "iqm" in a["at_time"][t]
                                                    else "") for t in FIXED_TIMES_S]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines += ["", "From the warm start (success on the fixed episodes, 95 % Wilson CI; raised: the run's last "
+                  "evaluation's lower bound above the warm start's upper bound)"
+              + ("; the end against async's, in points (mean difference [95 % CI])" if "final_vs_async" in s else "")
+              + ":", "",
+              "| arm | warm start | end, per seed | raised | end - async (points) |", "|---|---|---|---|---|"]
+    for arm, a in s["arms"].items():
+        w, per = a["warm_start"], a["per_seed"].values()
+        ends = ", ".join(f"{100 * p['final_success']:.0f} % [{100 * p['final_ci'][0]:.0f}, {100 * p['final_ci'][1]:.0f}]"
+                         for p in per)
+        vs = s.get("final_vs_async", {}).get(arm)
+        vs_cell = "-" if vs is None else f"{100 * vs[0]:+.0f} [{100 * vs[1]:+.0f}, {100 * vs[2]:+.0f}]"
+        lines.append(f"| {arm} | {100 * w['success']:.0f} % [{100 * w['ci_low']:.0f}, {100 * w['ci_high']:.0f}] | "
+                     f"{ends} | {sum(p['raised'] for p in per)}/{len(per)} | {vs_cell} |")
     return "\n".join(lines) + "\n"
 
 
