@@ -631,19 +631,21 @@ def markdown(results: dict) -> str:
         cells = [_pct(a["at_time"][t]["mean"]) + (f"; IQM {_pct(a['at_time'][t]['iqm'])}" if "iqm" in a["at_time"][t]
                                                    else "") for t in FIXED_TIMES_S]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    versus = s.get("final_vs_async")          # (arms other than async and sync, when async ran)
     lines += ["", "From the warm start (success on the fixed episodes, 95 % Wilson CI; raised: the run's last "
                   "evaluation's lower bound above the warm start's upper bound)"
-              + ("; the end against async's, in points (mean difference [95 % CI])" if "final_vs_async" in s else "")
-              + ":", "",
-              "| arm | warm start | end, per seed | raised | end - async (points) |", "|---|---|---|---|---|"]
+              + ("; the end against async's, in points (mean difference [95 % CI])" if versus else "") + ":", "",
+              "| arm | warm start | end, per seed | raised |" + (" end - async (points) |" if versus else ""),
+              "|---|---|---|---|" + ("---|" if versus else "")]
     for arm, a in s["arms"].items():
         w, per = a["warm_start"], a["per_seed"].values()
         ends = ", ".join(f"{100 * p['final_success']:.0f} % [{100 * p['final_ci'][0]:.0f}, {100 * p['final_ci'][1]:.0f}]"
                          for p in per)
-        vs = s.get("final_vs_async", {}).get(arm)
-        vs_cell = "-" if vs is None else f"{100 * vs[0]:+.0f} [{100 * vs[1]:+.0f}, {100 * vs[2]:+.0f}]"
+        vs = (versus or {}).get(arm)
+        vs_cell = "" if not versus else " - |" if vs is None else \
+            f" {100 * vs[0]:+.0f} [{100 * vs[1]:+.0f}, {100 * vs[2]:+.0f}] |"
         lines.append(f"| {arm} | {100 * w['success']:.0f} % [{100 * w['ci_low']:.0f}, {100 * w['ci_high']:.0f}] | "
-                     f"{ends} | {sum(p['raised'] for p in per)}/{len(per)} | {vs_cell} |")
+                     f"{ends} | {sum(p['raised'] for p in per)}/{len(per)} |{vs_cell}")
     return "\n".join(lines) + "\n"
 
 
