@@ -413,28 +413,28 @@ def first_reaching(curve: list[dict], threshold: float) -> dict | None:
     return next((p for p in curve if p["success"] >= threshold), None)
 
 
+def resampled_means(values, rng: np.random.Generator, n: int = BOOTSTRAP) -> np.ndarray:
+    """The means of n resamples (with replacement) of `values`."""
+    v = np.asarray(values, dtype=float)
+    return v[rng.integers(0, len(v), size=(n, len(v)))].mean(axis=1)
+
+
 def bootstrap_mean(values, rng: np.random.Generator, n: int = BOOTSTRAP) -> tuple[float, float, float]:
     """Mean of `values` and the 95 % percentile interval of the means of n resamples."""
-    v = np.asarray(values, dtype=float)
-    means = v[rng.integers(0, len(v), size=(n, len(v)))].mean(axis=1)
-    return float(v.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+    means = resampled_means(values, rng, n)
+    return float(np.mean(values)), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
 def bootstrap_ratio(num, den, rng: np.random.Generator, n: int = BOOTSTRAP) -> tuple[float, float, float]:
     """mean(num) / mean(den) and its 95 % stratified bootstrap interval (each arm resampled alone)."""
-    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
-    ra = a[rng.integers(0, len(a), size=(n, len(a)))].mean(axis=1)
-    rb = b[rng.integers(0, len(b), size=(n, len(b)))].mean(axis=1)
-    ratios = ra / rb
-    return float(a.mean() / b.mean()), float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
+    ratios = resampled_means(num, rng, n) / resampled_means(den, rng, n)
+    return float(np.mean(num) / np.mean(den)), float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
 
 
 def bootstrap_diff(a, b, rng: np.random.Generator, n: int = BOOTSTRAP) -> tuple[float, float, float]:
     """mean(a) - mean(b) and its 95 % stratified bootstrap interval (each arm resampled alone)."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    diffs = (a[rng.integers(0, len(a), size=(n, len(a)))].mean(axis=1)
-             - b[rng.integers(0, len(b), size=(n, len(b)))].mean(axis=1))
-    return float(a.mean() - b.mean()), float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))
+    diffs = resampled_means(a, rng, n) - resampled_means(b, rng, n)
+    return float(np.mean(a) - np.mean(b)), float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))
 
 
 def iqm(values) -> float:
@@ -639,13 +639,12 @@ def markdown(results: dict) -> str:
               "|---|---|---|---|" + ("---|" if versus else "")]
     for arm, a in s["arms"].items():
         w, per = a["warm_start"], a["per_seed"].values()
-        ends = ", ".join(f"{100 * p['final_success']:.0f} % [{100 * p['final_ci'][0]:.0f}, {100 * p['final_ci'][1]:.0f}]"
-                         for p in per)
+        ends = ", ".join(_pct((p["final_success"], *p["final_ci"])) for p in per)
         vs = (versus or {}).get(arm)
         vs_cell = "" if not versus else " - |" if vs is None else \
             f" {100 * vs[0]:+.0f} [{100 * vs[1]:+.0f}, {100 * vs[2]:+.0f}] |"
-        lines.append(f"| {arm} | {100 * w['success']:.0f} % [{100 * w['ci_low']:.0f}, {100 * w['ci_high']:.0f}] | "
-                     f"{ends} | {sum(p['raised'] for p in per)}/{len(per)} |{vs_cell}")
+        raised = sum(p["raised"] for p in per)
+        lines.append(f"| {arm} | {_pct((w['success'], w['ci_low'], w['ci_high']))} | {ends} | {raised}/{len(per)} |{vs_cell}")
     return "\n".join(lines) + "\n"
 
 
