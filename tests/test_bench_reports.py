@@ -110,3 +110,7 @@ def test_results_page_keeps_the_sections_a_run_did_not_make():
     assert "(docs/learning_model.png)" in short and "(docs/learning_maniskill.png)" in short
     again, short_again = results_page.render(None, {}, page)               # nothing new: nothing changes
     assert again == page and short_again == short
+    heads_md = "| arm | warm start |\n|---|---|\n| async_flow | 40 % |\n"
+    with_heads, short_heads = results_page.render(None, {"heads": (heads_md, env)}, page)
+    assert "## Learning with each action head" in with_heads and "| async_flow | 40 % |" in with_heads
+    assert short_heads == short                                            # the page's alone, not the README's

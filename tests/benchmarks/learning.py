@@ -27,8 +27,9 @@ The arms (full: sync, async and the two large-lag ones; --arms picks any):
     async              asynchronous, V-trace + PPO clipped around the behaviour policy (the default loss)
     async_decoupled    asynchronous, V-trace + decoupled PPO (algorithm.policy_loss=decoupled)
     async_nocorr       asynchronous, no off-policy correction (stale data treated as on-policy)
-    async_lag4         async with weights published every 4 updates: data ~5 updates old
+    async_lag4         async with weights published every 4 updates: data 2.5 updates old on average
     async_lag4_nocorr  the same lag, no correction: where V-trace should pay
+    async_lag8(_nocorr) the same with a publish every 8 updates (a mean lag of ~4-5 updates)
     async_flow         async with the flow head (policy.action_head=flow, Flow-SDE), from its warm start
     async_flow_noise   the same with Flow-Noise (ReinFlow: every denoising step Gaussian, learned std)
 Seeds run in turn, every arm within a seed, so that drift in the machine's load falls on all arms.
@@ -90,9 +91,11 @@ ARMS = {"sync": ["--sync"],
         "async": ["algorithm.policy_loss=behavior_clip"],
         "async_decoupled": ["algorithm.policy_loss=decoupled"],
         "async_nocorr": ["algorithm.off_policy_correction=none"],
-        # a larger lag: weights published every 4 updates, so the data trained on is ~5 updates old
+        # a larger lag: weights published every 4 (8) updates, so the data trained on is older
         "async_lag4": ["algorithm.policy_loss=behavior_clip", "learner.publish_interval=4"],
         "async_lag4_nocorr": ["algorithm.off_policy_correction=none", "learner.publish_interval=4"],
+        "async_lag8": ["algorithm.policy_loss=behavior_clip", "learner.publish_interval=8"],
+        "async_lag8_nocorr": ["algorithm.off_policy_correction=none", "learner.publish_interval=8"],
         # the flow head (pi0's way of acting), from its own flow-matching warm start
         "async_flow": ["algorithm.policy_loss=behavior_clip", "policy.action_head=flow"],
         "async_flow_noise": ["algorithm.policy_loss=behavior_clip", "policy.action_head=flow",

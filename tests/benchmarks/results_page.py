@@ -4,7 +4,8 @@
 
 Reads BENCH/bench.json (the performance table of every benchmark, with the machine and commit) and,
 per learning benchmark, BENCH/learning_TAG.md + .json + .png (TAG `model`: the pixel task at the
-modelled cost; `maniskill`: PushCube at the simulator's own cost). Writes docs/results.md (the full
+modelled cost; `maniskill`: PushCube at the simulator's own cost; `heads`: the action heads, on
+the page only). Writes docs/results.md (the full
 page: machine, commit, date, every figure, the learning tables and plots). A section whose inputs
 are missing keeps its text from the page as it was, so a benchmark run alone updates only its own
 section. The README's text between `<!-- results:start -->` and `<!-- results:end -->` becomes the
@@ -24,7 +25,7 @@ from tests.benchmarks.report import ROOT, Figure, format_value
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 PERFORMANCE = "Performance"
-# tag -> (the page's heading, the README's name for it, what the benchmark is)
+# tag -> (the page's heading, the README's name for it or None: on the page only, what the benchmark is)
 LEARNING = {
     "model": ("Learning over seeds", "The pixel task at seed 002's modelled cost",
               "The learning benchmark, `--profile model` (`python -m tests.benchmarks.learning`): the "
@@ -33,6 +34,10 @@ LEARNING = {
                   "The learning benchmark, `--task maniskill` (`python -m tests.benchmarks.learning "
                   "--task maniskill`): `make train`'s PushCube config from its own warm start, nothing "
                   "modelled, the learner and the actors on disjoint cores in both arms."),
+    "heads": ("Learning with each action head", None,
+              "The learning benchmark, `--task heads` (`python -m tests.benchmarks.learning --task heads`): "
+              "asynchronous RL on the pixel task for the same wall-clock budget from each head's own SFT "
+              "warm start, the token (parallel) head against the flow head with Flow-SDE and Flow-Noise."),
 }
 SUMMARY = ("Means over seeds with 95 % bootstrap intervals; each async arm against sync (the ratio of "
            "the means, stratified bootstrap) at each threshold every run of the pair reaches; lag is how "
@@ -109,7 +114,8 @@ def render(bench: dict | None, learning: dict[str, tuple[str, dict]], old_page: 
         section = learning_section(tag, *learning[tag]) if tag in learning else old.get(heading)
         if section is not None:
             page += [section, ""]
-            short += [readme_part(tag, section), ""]
+            if LEARNING[tag][1] is not None:
+                short += [readme_part(tag, section), ""]
     short.append("Every figure of `make bench`: [docs/results.md](docs/results.md)." if len(short) else
                  "Not measured yet: `make bench` writes [docs/results.md](docs/results.md) and this table.")
     return "\n".join(page).rstrip() + "\n", "\n".join(short)
