@@ -1,12 +1,17 @@
 """The learning benchmark's report and the results page, on made-up runs: which threshold is
 compared, each seed's figures, the ratio to sync, and that a benchmark run alone rewrites only its
-own section of docs/results.md and the README. Pure functions, well under a second."""
+own section of docs/results.md and the README; and where a benchmark keeps its cached stages.
+Pure functions, well under a second."""
 
 from __future__ import annotations
 
+import sys
+import types
+from pathlib import Path
+
 import numpy as np
 
-from tests.benchmarks import learning, results_page
+from tests.benchmarks import learning, report, results_page
 
 
 def _run(times_to, success_end, updates, wait_s, train_s):
@@ -114,3 +119,15 @@ def test_results_page_keeps_the_sections_a_run_did_not_make():
     with_heads, short_heads = results_page.render(None, {"heads": (heads_md, env)}, page)
     assert "## Learning with each action head" in with_heads and "| async_flow | 40 % |" in with_heads
     assert short_heads == short                                            # the page's alone, not the README's
+
+
+def test_a_benchmarks_cached_stages_go_beside_its_json(tmp_path, monkeypatch):
+    """`--out DIR/x.json` moves the stages a benchmark caches (learning: OUT/learning/) to DIR too, so
+    a second run with another --out starts from nothing instead of reusing the first's runs."""
+    seen = []
+    fake = types.SimpleNamespace(__doc__="A fake benchmark.", __name__="fake", __spec__=None,
+                                 run=lambda quick, out_dir=Path("bench_results"): seen.append(out_dir) or {},
+                                 figures=lambda results: [])
+    monkeypatch.setattr(sys, "argv", ["fake", "--out", str(tmp_path / "second" / "fake.json")])
+    report.main(fake)
+    assert seen == [tmp_path / "second"] and (tmp_path / "second" / "fake.json").exists()

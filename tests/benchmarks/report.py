@@ -13,6 +13,7 @@ The JSON holds the environment (hardware, load, versions, commit), the figures a
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -116,8 +117,11 @@ def main(module) -> None:
     own = module.add_arguments(parser) if hasattr(module, "add_arguments") else []   # a module's own flags
     args = parser.parse_args()
     env = environment()
+    kwargs = {key: getattr(args, key) for key in own}
+    if "out_dir" in inspect.signature(module.run).parameters:   # its cached stages go beside its JSON
+        kwargs["out_dir"] = Path(args.out).parent
     with CpuMeter() as cpu:
-        results = module.run(args.quick, **{key: getattr(args, key) for key in own})
+        results = module.run(args.quick, **kwargs)
     figs = module.figures(results)
     print_table(figs, title=f"{name} ({env['hardware']['cores']} cores, {env['hardware']['cpu']})")
     print(cpu_line({name: cpu.result}))
