@@ -117,9 +117,7 @@ def main(module) -> None:
     own = module.add_arguments(parser) if hasattr(module, "add_arguments") else []   # a module's own flags
     args = parser.parse_args()
     env = environment()
-    kwargs = {key: getattr(args, key) for key in own}
-    if "out_dir" in inspect.signature(module.run).parameters:   # its cached stages go beside its JSON
-        kwargs["out_dir"] = Path(args.out).parent
+    kwargs = {key: getattr(args, key) for key in own} | out_dir_kwargs(module, Path(args.out).parent)
     with CpuMeter() as cpu:
         results = module.run(args.quick, **kwargs)
     figs = module.figures(results)
@@ -128,6 +126,11 @@ def main(module) -> None:
     write_json(args.out, {"environment": env, "quick": args.quick, "cpu": cpu.result,
                           "figures": [asdict(f) for f in figs], "results": results})
     print(f"wrote {args.out}")
+
+
+def out_dir_kwargs(module, out_dir: Path) -> dict:
+    """{"out_dir": out_dir} for a module whose run() caches stages (they go beside its output), else {}."""
+    return {"out_dir": out_dir} if "out_dir" in inspect.signature(module.run).parameters else {}
 
 
 def cpu_line(cpu: dict[str, dict]) -> str:

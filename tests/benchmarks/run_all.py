@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 import time
 import traceback
 from dataclasses import asdict
@@ -55,8 +54,7 @@ def main() -> int:
         module = importlib.import_module(f"tests.benchmarks.{name}")
         with report.CpuMeter() as meter:
             try:
-                takes_dir = "out_dir" in inspect.signature(module.run).parameters
-                results[name] = module.run(args.quick, **({"out_dir": Path(args.out)} if takes_dir else {}))
+                results[name] = module.run(args.quick, **report.out_dir_kwargs(module, Path(args.out)))
                 figures += module.figures(results[name])
             except Exception as e:
                 results[name] = {"error": traceback.format_exc()}
