@@ -71,11 +71,21 @@ def nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
 
 def local_trainable(model) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, this rank's part) of every trainable parameter: under ZeRO-3 its partition
-    (`ds_tensor`), otherwise the whole tensor."""
+    (`ds_tensor`) without padding, otherwise the whole tensor."""
     for name, p in unwrap(model).named_parameters():
         if p.requires_grad:
-            local = getattr(p, "ds_tensor", None)
-            yield name, p.data if local is None else local
+            yield name, p.data if getattr(p, "ds_tensor", None) is None else partition_elements(p)
+
+
+def partition_elements(p) -> torch.Tensor:
+    """The elements of a ZeRO-3 parameter's local partition that hold its values. Partitions are
+    equal in size, so the last ranks' end in padding that DeepSpeed allocates but never writes:
+    read as weights it is whatever the allocator held before (NaN now and then)."""
+    size = p.ds_tensor.numel()
+    rank = getattr(p, "ds_zero_partition_rank", None)
+    if rank is None:
+        rank = torch.distributed.get_rank(group=p.ds_process_group)
+    return p.ds_tensor.narrow(0, 0, max(0, min(size, p.ds_numel - rank * size)))
 
 
 def unwrap(model) -> nn.Module:

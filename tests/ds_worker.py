@@ -33,7 +33,7 @@ from torch import nn
 
 from asyncvla.common.config import Config, to_dict
 from asyncvla.learner import checkpoint, engine as ds_engine
-from asyncvla.learner.publish import EmaPublisher, gather_trainable
+from asyncvla.learner.publish import EmaPublisher, gather_trainable, partition_elements, trainable_finite
 
 D_IN, WIDTH, RANK, N_OUT, MICRO = 8, 32, 4, 6, 4
 GAS = 2                   # micro batches per update on each rank
@@ -144,6 +144,24 @@ def all_params(engine) -> dict:
         return {n: p.detach().clone() for n, p in engine.module.named_parameters()}
 
 
+def padded_partitions(engine) -> dict:
+    """Each trainable partition's real elements, and whether the finite check passes while the
+    padding that ends a partition holds NaN (as memory DeepSpeed never writes may); the padding is
+    zeroed again afterwards."""
+    parts, padding = {}, {}
+    for name, p in engine.module.named_parameters():
+        if p.requires_grad:
+            real = partition_elements(p)
+            parts[name] = real.clone()
+            padding[name] = p.ds_tensor.numel() - real.numel()
+            p.ds_tensor[real.numel():] = float("nan")
+    finite = trainable_finite(engine)
+    for name, p in engine.module.named_parameters():
+        if p.requires_grad:
+            p.ds_tensor[p.ds_tensor.numel() - padding[name]:] = 0.0
+    return {"local_parts": parts, "padding": padding, "finite_despite_nan_padding": finite}
+
+
 def rng_draws():
     return {"torch": torch.rand(3), "numpy": np.random.rand(3), "python": random.random()}
 
@@ -160,6 +178,7 @@ def phase_train(out: Path, rank: int, world: int) -> dict:
                                                                 for n, p in ref_model.named_parameters()},
                  "gathered": [], "ref": [], "pub0": [], "pub5": [], "lrs": [], "timings": [],
                  "saves": {}, "save_s": []}
+    rec.update(padded_partitions(engine))
     ema0, ema5 = (EmaPublisher(0.0), EmaPublisher(0.5)) if rank == 0 else (None, None)
 
     def publish():

@@ -217,6 +217,15 @@ def test_gather_ships_full_tensors_from_rank0_only(runs):
     assert got == {n: shapes[n] for n in _trainable_names()}
 
 
+def test_finite_check_reads_each_partition_without_its_padding(runs):
+    r0, r1 = runs["train"]
+    assert any(r1["padding"].values())             # an odd-sized parameter ends rank 1 in padding
+    assert r0["finite_despite_nan_padding"] and r1["finite_despite_nan_padding"]
+    for name in _trainable_names():                # the two ranks' real parts are the whole tensor
+        whole = torch.cat([r0["local_parts"][name], r1["local_parts"][name]])
+        assert torch.equal(whole, r0["ref_all"][name].flatten()), name
+
+
 def test_ema_of_published_weights(runs):
     r0 = runs["train"][0]
     gathered, pub0, pub5 = r0["gathered"], r0["pub0"], r0["pub5"]
