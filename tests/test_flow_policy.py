@@ -99,6 +99,27 @@ def test_a_flow_policy_round_trips_and_mismatches_are_named(tmp_path):
     assert steps.act(*obs).flow_chain.shape[1] == 9
 
 
+@pytest.mark.parametrize("saved, wanted", [("flow_sde", "flow_noise"), ("flow_noise", "flow_sde")])
+def test_one_flow_checkpoint_warm_starts_either_noise_method(tmp_path, saved, wanted):
+    p, _ = policy(f"policy.flow.noise_method={saved}")
+    obs = batch(p)
+    p.save_pretrained(str(tmp_path / "sft"))
+    q = VLAPolicy.build(load_config("configs/pixel_task.yaml", [
+        "policy.action_head=flow", f"policy.flow.noise_method={wanted}",
+        f"policy.pretrained_path={tmp_path / 'sft'}"]).policy)
+    assert (q.flow_expert.noise_out is not None) == (wanted == "flow_noise")
+    assert all(p.requires_grad for p in q.flow_expert.parameters())
+    # the same initial noise, then the ODE: it reads the velocity alone, which both share
+    greedy = [m.act(*obs, greedy=True, generator=torch.Generator().manual_seed(1)).actions for m in (p, q)]
+    assert np.array_equal(*greedy)
+    out = q.act(*obs, generator=torch.Generator().manual_seed(1))
+    assert np.isfinite(out.logprobs).all()
+    q.save_pretrained(str(tmp_path / "rl"))                          # and it saves as what it now is
+    r = VLAPolicy.from_pretrained(str(tmp_path / "rl"))
+    assert r.cfg.flow.noise_method == wanted
+    assert np.array_equal(r.act(*obs, generator=torch.Generator().manual_seed(1)).actions, out.actions)
+
+
 def test_bad_chains_and_flow_settings_get_one_line():
     p, cfg = policy()
     obs = batch(p)

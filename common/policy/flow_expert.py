@@ -103,6 +103,15 @@ class FlowExpert(nn.Module):
         self.velocity_out = nn.Linear(width, action_dim)
         self.noise_out = nn.Linear(width, action_dim) if learn_noise else None
 
+    def set_learn_noise(self, on: bool):
+        """Add (freshly initialised) or drop Flow-Noise's noise network, so that one flow-matching
+        SFT checkpoint warm-starts RL with either noise method."""
+        if on and self.noise_out is None:
+            w = self.velocity_out.weight
+            self.noise_out = nn.Linear(self.width, w.shape[0]).to(device=w.device, dtype=w.dtype)
+        elif not on:
+            self.noise_out = None
+
     def vlm_layer_of(self, layer: int, vlm_layers: int) -> int:
         """Index into hidden_states (0 = embeddings) that expert layer `layer` reads."""
         return max(1, round((layer + 1) * vlm_layers / self.depth))

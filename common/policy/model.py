@@ -61,9 +61,9 @@ FORMAT_VERSION = 1
 # must agree with the config on these.
 STRUCTURAL_KEYS = ("image_size", "action_dim", "num_action_chunks", "n_bins", "max_instruction_tokens",
                    "state_dim", "is_lora", "lora_rank", "value_encoder", "action_head", "cnn_image_tokens")
-# The flow expert's shape (policy.flow.*): the rest of policy.flow may change between runs.
-FLOW_STRUCTURAL_KEYS = ("width", "depth", "heads", "kv_heads", "head_dim", "mlp", "noise_method",
-                        "train_expert_only")
+# The flow expert's shape (policy.flow.*): the rest of policy.flow may change between runs (noise_method
+# too: a checkpoint gains or drops Flow-Noise's noise network as it loads).
+FLOW_STRUCTURAL_KEYS = ("width", "depth", "heads", "kv_heads", "head_dim", "mlp", "train_expert_only")
 
 
 class ActOutput(NamedTuple):
@@ -138,6 +138,12 @@ class VLAPolicy(nn.Module):
             policy._check_matches(cfg, path)
             policy.cfg = dataclasses.replace(policy.cfg, temperature=cfg.temperature, precision=cfg.precision,
                                              pretrained_path=path, flow=cfg.flow)
+            if policy.flow_expert is not None:    # the noise method is RL's choice, not the checkpoint's
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(cfg.init_seed)
+                    policy.flow_expert.set_learn_noise(cfg.flow.noise_method == "flow_noise")
+                for name, p in policy.named_parameters():
+                    p.requires_grad_(policy._is_trainable(name))
             return policy
         with (contextlib.nullcontext(path) if path else tempfile.TemporaryDirectory()) as src:
             if not path:  # written and then loaded like any checkpoint
