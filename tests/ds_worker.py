@@ -158,7 +158,7 @@ def padded_partitions(engine) -> dict:
     finite = trainable_finite(engine)
     for name, p in engine.module.named_parameters():
         if p.requires_grad:
-            p.ds_tensor[p.ds_tensor.numel() - padding[name]:] = 0.0
+            p.ds_tensor[parts[name].numel():] = 0.0
     return {"local_parts": parts, "padding": padding, "finite_despite_nan_padding": finite}
 
 
