@@ -97,7 +97,8 @@ ARMS = {"sync": ["--sync"],
         "async_lag8": ["algorithm.policy_loss=behavior_clip", "learner.publish_interval=8"],
         "async_lag8_nocorr": ["algorithm.off_policy_correction=none", "learner.publish_interval=8"],
         # the flow head (pi0's way of acting), from its own flow-matching warm start
-        "async_flow": ["algorithm.policy_loss=behavior_clip", "policy.action_head=flow"],
+        "async_flow": ["algorithm.policy_loss=behavior_clip", "policy.action_head=flow",
+                       "policy.flow.noise_method=flow_sde"],
         "async_flow_noise": ["algorithm.policy_loss=behavior_clip", "policy.action_head=flow",
                              "policy.flow.noise_method=flow_noise"]}
 FULL_ARMS = ("sync", "async", "async_lag4", "async_lag4_nocorr")     # --arms adds the others
