@@ -142,8 +142,7 @@ class VLAPolicy(nn.Module):
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(cfg.init_seed)
                     policy.flow_expert.set_learn_noise(cfg.flow.noise_method == "flow_noise")
-                for name, p in policy.named_parameters():
-                    p.requires_grad_(policy._is_trainable(name))
+                policy._set_trainable()
             return policy
         with (contextlib.nullcontext(path) if path else tempfile.TemporaryDirectory()) as src:
             if not path:  # written and then loaded like any checkpoint
@@ -208,8 +207,7 @@ class VLAPolicy(nn.Module):
             with torch.no_grad():
                 for n, p in own.items():
                     p.copy_(heads[n])
-        for name, p in policy.named_parameters():
-            p.requires_grad_(policy._is_trainable(name))
+        policy._set_trainable()
         return policy.to(torch.device(device)).eval()
 
     def _check_matches(self, cfg: PolicyConfig, path: str):
@@ -319,6 +317,10 @@ class VLAPolicy(nn.Module):
         return self.value_head(hidden[:, -1], image)
 
     # --------------------------------------------------------------- trainable parameters
+    def _set_trainable(self):
+        for name, p in self.named_parameters():
+            p.requires_grad_(self._is_trainable(name))
+
     def _is_trainable(self, name: str) -> bool:
         if self.cfg.action_head == "flow" and self.cfg.flow.train_expert_only:
             return name.startswith(HEAD_PREFIXES)

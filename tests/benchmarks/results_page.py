@@ -7,9 +7,10 @@ per learning benchmark, BENCH/learning_TAG.md + .json + .png (TAG `model`: the p
 modelled cost; `maniskill`: PushCube at the simulator's own cost; `heads`: the action heads, on
 the page only). Writes docs/results.md (the full page: machine, commit, date, every figure, the
 learning tables and plots). A section whose inputs are missing keeps its text from the page as it
-was, so a benchmark run alone updates only its own section. The README's text between `<!-- results:start -->` and `<!-- results:end -->` becomes the
-short form: each learning section's tables and plot, linking to the page. `make bench` calls it
-last, so the figures a reader sees are the latest measured, never hand-copied.
+was, so a benchmark run alone updates only its own section. The README's text between
+`<!-- results:start -->` and `<!-- results:end -->` becomes the short form: each learning
+section's tables and plot, linking to the page. `make bench` calls it last, so the figures a
+reader sees are the latest measured, never hand-copied.
 """
 
 from __future__ import annotations
