@@ -1,29 +1,80 @@
-"""Free loopback TCP ports for tests and benchmarks that start servers or whole runs."""
+"""Free loopback TCP ports for tests and benchmarks that start servers or whole runs.
+
+A port the kernel hands out with bind(0) lies in its ephemeral range, where every outgoing
+connection on the machine takes its source port: one found free there can be taken a moment later,
+before the run that was given it binds it (a learner rank binding trajectory_port + 1 once failed
+so). So the ports come from outside that range, each pytest-xdist worker from its own slice, in
+turn, and each is checked free as it is handed out.
+"""
 
 from __future__ import annotations
 
+import os
+import random
 import socket
 
 # The ports one `asyncvla train` run binds, by config key (trajectory_port is rank 0's; rank r
 # binds trajectory_port + r).
 RUN_PORTS = ("transport.control_port", "transport.weights_port", "transport.trajectory_port", "launch.master_port")
+RANK_PORTS = 8          # trajectory ports kept free per run: rank 0's and the next 7
+FIRST_PORT = 15000      # the pool starts here, above the well-known services
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 49152, 65535     # the IANA range, which macOS and Windows use
+
+
+def _worker_pool() -> list[int]:
+    """This process's ports: those outside the ephemeral range, its xdist worker's share of them."""
+    low, high = _ephemeral_range()
+    ports = [p for p in range(FIRST_PORT, 65536) if not low <= p <= high]
+    if len(ports) < 1000:       # an unusual kernel setting: fall back to the whole range
+        ports = list(range(FIRST_PORT, 65536))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    share = len(ports) // max(count, 1)
+    return ports[index * share:(index + 1) * share]
+
+
+_POOL = _worker_pool()
+_cursor = random.randrange(len(_POOL))      # a fresh start per session: a run left over may hold the first ones
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _take(n: int) -> int:
+    """The first port of the next n consecutive free ones in this worker's pool."""
+    global _cursor
+    for _ in range(len(_POOL)):
+        i, _cursor = _cursor, (_cursor + 1) % len(_POOL)
+        block = _POOL[i:i + n]
+        if len(block) == n and block[-1] - block[0] == n - 1 and all(map(_is_free, block)):
+            _cursor = (i + n) % len(_POOL)
+            return block[0]
+    raise RuntimeError(f"no {n} consecutive free TCP ports among this worker's {len(_POOL)}")
 
 
 def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on loopback (held open together so they differ)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """n distinct TCP ports, free on loopback when handed out."""
+    return [_take(1) for _ in range(n)]
 
 
 def run_ports() -> dict[str, int]:
-    """Distinct free ports for one run: config key -> port."""
-    return dict(zip(RUN_PORTS, free_ports(len(RUN_PORTS))))
+    """Distinct free ports for one run: config key -> port, with the ports of ranks 1-7 free too."""
+    return {key: _take(RANK_PORTS if key == "transport.trajectory_port" else 1) for key in RUN_PORTS}
 
 
 def run_port_overrides() -> list[str]:

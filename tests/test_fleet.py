@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from tests.benchmarks import multinode
-from tests.ports import free_ports
+from tests.ports import free_ports, run_ports
 from tests.test_e2e_system import SMALL_BACKBONE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def hosts(tmp_path_factory):
 def pick_ports(tmp: Path) -> tuple[int, ...]:
     """(control, weights, trajectory, master) ports, free and apart from the private sshd's."""
     ssh_port = int((tmp / "ssh_port").read_text())      # (free on 127.0.0.1, not on the hosts' addresses)
-    return next(p for p in iter(lambda: free_ports(4), None) if ssh_port not in p)
+    return next(p for p in iter(lambda: tuple(run_ports().values()), None) if ssh_port not in p)
 
 
 def start_train(tmp: Path, name: str, host_lines: list[str] | None, overrides: list[str],

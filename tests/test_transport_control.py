@@ -22,6 +22,7 @@ from asyncvla.common.sockets import TransportError, bound_endpoint
 from asyncvla.launch import cli
 from tests.test_protocol import make_segment, make_spec
 from tests.test_transport import REPO, deep_list, hostile_requests, reasons_of, send_raw, wait_until
+from tests.ports import free_ports, run_ports
 from tests.wire import pack_header
 
 FAST = dict(heartbeat_interval_s=0.1, heartbeat_timeout_s=1.5, reconnect_max_s=0.4, linger_ms=200)
@@ -41,13 +42,7 @@ def welcome_fn_for(endpoints, weights="tcp://127.0.0.1:1"):
 
 
 def free_tcp_endpoint() -> str:
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.ROUTER)
-    s.bind("tcp://127.0.0.1:*")
-    ep = bound_endpoint(s)
-    s.close(0)
-    ctx.term()
-    return ep
+    return f"tcp://127.0.0.1:{free_ports(1)[0]}"
 
 
 def registry_invariant(counts) -> bool:
@@ -543,7 +538,7 @@ def test_advertised_endpoint_for_a_wildcard_bind(tmp_path):
 
 
 def free_port() -> int:
-    return int(free_tcp_endpoint().rsplit(":", 1)[1]) - 1       # the receiver adds its rank (1)
+    return run_ports()["transport.trajectory_port"]       # the receiver adds its rank (1): that one is free too
 
 
 def test_a_flood_of_hellos_is_folded_into_summary_lines(caplog):

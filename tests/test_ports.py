@@ -1,0 +1,41 @@
+"""The tests' free ports: outside the kernel's ephemeral range, one slice per xdist worker, never
+handed out twice, and a run's trajectory port with the next ranks' ports free too."""
+
+from __future__ import annotations
+
+import socket
+
+from tests import ports
+
+
+def test_a_run_gets_distinct_free_ports_outside_the_ephemeral_range():
+    low, high = ports._ephemeral_range()
+    given = [ports.run_ports() for _ in range(20)]
+    flat = [p for run in given for p in run.values()]
+    assert len(set(flat)) == len(flat)
+    assert not any(low <= p <= high for p in flat)
+    for run in given:
+        first = run["transport.trajectory_port"]
+        ranks = range(first, first + ports.RANK_PORTS)
+        assert not set(ranks) & (set(flat) - {first})            # no other key lands on a rank's port
+        assert all(ports._is_free(p) for p in ranks)
+
+
+def test_a_taken_port_is_skipped():
+    taken = ports._POOL[ports._cursor]                  # the next one to be handed out
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", taken))
+        except OSError:                                 # held elsewhere already: skipped all the same
+            pass
+        assert ports.free_ports(1)[0] != taken
+
+
+def test_xdist_workers_get_disjoint_slices(monkeypatch):
+    slices = []
+    for worker in ("gw0", "gw1", "gw2"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")
+        slices.append(set(ports._worker_pool()))
+    assert all(len(s) > 1000 for s in slices)
+    assert not (slices[0] & slices[1] or slices[1] & slices[2] or slices[0] & slices[2])
