@@ -1,4 +1,4 @@
-"""Free loopback TCP ports for tests and benchmarks that start servers or whole runs.
+"""Free TCP ports for tests and benchmarks that start servers or whole runs.
 
 A port the kernel hands out with bind(0) lies in its ephemeral range, where every outgoing
 connection on the machine takes its source port: one found free there can be taken a moment later,
@@ -47,9 +47,10 @@ _cursor = random.randrange(len(_POOL))      # a fresh start per session: a run l
 
 
 def _is_free(port: int) -> bool:
+    """Nothing holds the port on any address (the multi-node tests bind 0.0.0.0)."""
     with socket.socket() as s:
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind(("0.0.0.0", port))
         except OSError:
             return False
     return True
@@ -68,7 +69,7 @@ def _take(n: int) -> int:
 
 
 def free_ports(n: int) -> list[int]:
-    """n distinct TCP ports, free on loopback when handed out."""
+    """n distinct TCP ports, free when handed out."""
     return [_take(1) for _ in range(n)]
 
 

@@ -42,7 +42,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from tests.benchmarks.report import ROOT, Figure, main
-from tests.ports import free_ports
+from tests.ports import free_ports, run_ports
 
 NODES = ("127.0.0.2", "127.0.0.3")     # loopback aliases: every 127.x.y.z reaches lo on Linux
 STEPS, RESUMED_STEPS, SAVE_INTERVAL = 6, 9, 3
@@ -273,21 +273,9 @@ def ssh_nodes(folder: Path, hosts: tuple[str, ...], port: int):
 # --------------------------------------------------------------------------------- helpers
 def _ports() -> dict:
     """Free ports; the trajectory port's successor (rank 1's) free as well."""
-    for _ in range(20):
-        ssh, control, weights, trajectory, master = free_ports(5)
-        if trajectory + 1 not in (ssh, control, weights, master) and _port_free(trajectory + 1):
-            break
-    return {"ssh": ssh, "control": control, "weights": weights, "trajectory": trajectory, "master": master}
-
-
-def _port_free(port: int) -> bool:
-    import socket
-    with socket.socket() as s:
-        try:
-            s.bind(("0.0.0.0", port))
-            return True
-        except OSError:
-            return False
+    (ssh,), run = free_ports(1), run_ports()
+    return {"ssh": ssh, "control": run["transport.control_port"], "weights": run["transport.weights_port"],
+            "trajectory": run["transport.trajectory_port"], "master": run["launch.master_port"]}
 
 
 def _asyncvla(*args: str) -> list[str]:
