@@ -101,6 +101,34 @@ def test_lag_in_updates_counts_the_publish_interval():
     assert learning.iqm([5, 1, 3, 100, 2]) == 10 / 3          # the middle three of five
 
 
+def test_a_run_keeps_only_the_checkpoints_its_curve_is_made_of(tmp_path):
+    import json
+    import os
+
+    from asyncvla.learner import checkpoint
+    run = tmp_path / "run"
+    (run / checkpoint.CHECKPOINTS).mkdir(parents=True)
+    (run / "launch_config.yaml").write_text("")
+    os.utime(run / "launch_config.yaml", (1000.0, 1000.0))              # the launcher's start
+    saved_at = {5: 1020.0, 10: 1045.0, 15: 1070.0, 20: 1090.0, 25: 1150.0, 30: 1160.0}
+    for step, t in saved_at.items():                # every 5 updates, 10-60 s apart
+        tag = run / checkpoint.CHECKPOINTS / checkpoint.tag_name(step)
+        tag.mkdir()
+        (tag / "model_states.pt").write_bytes(b"x" * step)
+        checkpoint.mark_complete(tag, ["model_states.pt"], step=step, world_size=1, zero_stage=3, bf16=False)
+        marker = json.loads((tag / checkpoint.MARKER).read_text())
+        (tag / checkpoint.MARKER).write_text(json.dumps(dict(marker, saved_at=t)))
+    (run / checkpoint.CHECKPOINTS / checkpoint.tag_name(35)).mkdir()      # a save cut short: no marker
+
+    chosen = [t.name for t in learning.evaluated_checkpoints(run, 50.0)]
+    assert chosen == ["step_00000015", "step_00000025", "step_00000030"]   # >= 50 s apart, and the last
+    learning.prune_checkpoints(run, 50.0)
+    left = sorted(d.name for d in (run / checkpoint.CHECKPOINTS).iterdir() if d.is_dir())
+    assert left == [*chosen, "step_00000035"]              # the incomplete one is not the benchmark's to judge
+    assert [t.name for t in learning.evaluated_checkpoints(run, 50.0)] == chosen    # pruning twice is a no-op
+    assert checkpoint.resolve(run).name == "step_00000030"
+
+
 def test_results_page_keeps_the_sections_a_run_did_not_make():
     old_page = ("# Results\n\n## Performance\n\nold performance table\n\n## Learning over seeds\n\nThe pixel "
                 "task; measured on 2 cores, A CPU, 8 GB; commit abc; today. Means.\n\n| a | b |\n|---|---|\n"

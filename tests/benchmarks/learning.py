@@ -44,9 +44,9 @@ Two cost profiles (--profile):
     plain   the pixel task at its own speed on this machine (rollout ~1/4 of training on 2 cores,
             so the overlap can win at most ~1.2x here).
 
-Each arm checkpoints every few updates; after all training (so that evaluation never competes
-with it for cores), the published (EMA) weights of checkpoints at least the task's eval_gap_s
-apart — what the actors were running — are evaluated on the same fixed initial states (sampled
+Each arm checkpoints every few updates and keeps those at least the task's eval_gap_s apart;
+after all training (so that evaluation never competes with it for cores), their published (EMA)
+weights — what the actors were running — are evaluated on the same fixed initial states (sampled
 as actors sample), placed at the wall time of their save (from the launcher's start: start-up
 counts) and at the env steps the learner had consumed. The SFT policy is the point at time 0.
 A run's time to a threshold is its first evaluation at or above it. Per arm and threshold: every
@@ -223,6 +223,7 @@ def run(quick: bool = False, out_dir: Path = OUT_DIR, profile: str | None = None
             else:
                 print(f"[learning] {name}: {' '.join(stop[arm])}", flush=True)
                 train(name, args, policies[head_of(arm)], work, t.config)
+                prune_checkpoints(work / name, t.eval_gap_s[quick])
                 _stamp(work, name, settings)
     for arm in arms:                 # evaluated after all training, so that no run shares its cores with it
         for seed in range(seeds):
@@ -374,22 +375,40 @@ def run_timing(run_dir: Path) -> dict:
             "updates": max((s for s, _, _ in scalars.get("time/learner_step_s", [])), default=0)}
 
 
-def evaluate_checkpoints(run_dir: Path, episodes: int, min_gap_s: float) -> list[dict]:
-    """Evaluate checkpoints at least min_gap_s of wall time apart (and the last one). Wall time
-    counts from the launcher's start, when it wrote the run's launch_config.yaml."""
+def evaluated_checkpoints(run_dir: Path, min_gap_s: float) -> list[Path]:
+    """The checkpoints a run's curve is made of: at least min_gap_s of wall time apart (and the
+    last one). Wall time counts from the launcher's start, when it wrote launch_config.yaml."""
     from asyncvla.learner import checkpoint
-    from asyncvla.learner.export import load_checkpoint
 
-    started = (run_dir / "launch_config.yaml").stat().st_mtime
     tags = checkpoint._complete_tags(run_dir / checkpoint.CHECKPOINTS)          # noqa: SLF001
-    chosen, last_t = [], started
+    chosen, last_t = [], (run_dir / "launch_config.yaml").stat().st_mtime
     for i, tag in enumerate(tags):
         t = checkpoint.read_marker(tag)["saved_at"]
         if t - last_t >= min_gap_s or i == len(tags) - 1:
             chosen.append(tag)
             last_t = t
+    return chosen
+
+
+def prune_checkpoints(run_dir: Path, min_gap_s: float) -> None:
+    """Delete the checkpoints no evaluation reads: a run saves every 5 updates for the curve's
+    resolution, ~2 GB per pixel-task run, of which one in ~15 is evaluated."""
+    from asyncvla.learner import checkpoint
+
+    keep = set(evaluated_checkpoints(run_dir, min_gap_s))
+    for tag in checkpoint._complete_tags(run_dir / checkpoint.CHECKPOINTS):     # noqa: SLF001
+        if tag not in keep:
+            shutil.rmtree(tag)
+
+
+def evaluate_checkpoints(run_dir: Path, episodes: int, min_gap_s: float) -> list[dict]:
+    """Each evaluated checkpoint's success, at its wall time, env steps and update."""
+    from asyncvla.learner import checkpoint
+    from asyncvla.learner.export import load_checkpoint
+
+    started = (run_dir / "launch_config.yaml").stat().st_mtime
     points = []
-    for tag in chosen:
+    for tag in evaluated_checkpoints(run_dir, min_gap_s):
         marker = checkpoint.read_marker(tag)
         state = checkpoint.read_client_state(tag)
         policy, cfg, _ = load_checkpoint(tag, weights="ema")
