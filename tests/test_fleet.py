@@ -50,23 +50,20 @@ def hosts(tmp_path_factory):
     from asyncvla.launch.keygen import generate
     tmp = tmp_path_factory.mktemp("fleet")
     generate(tmp / "keys", 0)          # the learner's keys; `train --actor-hostfile` adds a bundle per host
-    ssh_port, = free_ports(1)
-    (tmp / "ssh_port").write_text(str(ssh_port))
-    with multinode.ssh_nodes(tmp / "ssh", HOSTS, ssh_port):
+    with multinode.ssh_nodes(tmp / "ssh", HOSTS, free_ports(1)[0]):
         yield tmp
     multinode._kill_leftovers(str(tmp))
 
 
-def pick_ports(tmp: Path) -> tuple[int, ...]:
-    """(control, weights, trajectory, master) ports, free and apart from the private sshd's."""
-    ssh_port = int((tmp / "ssh_port").read_text())      # (free on 127.0.0.1, not on the hosts' addresses)
-    return next(p for p in iter(lambda: tuple(run_ports().values()), None) if ssh_port not in p)
+def pick_ports() -> tuple[int, ...]:
+    """(control, weights, trajectory, master) ports, free: the private sshd's port is held, so not among them."""
+    return tuple(run_ports().values())
 
 
 def start_train(tmp: Path, name: str, host_lines: list[str] | None, overrides: list[str],
                 ports: tuple[int, ...] | None = None) -> tuple[subprocess.Popen, Path]:
     """`asyncvla train` with CURVE keys on free ports, its actors from `host_lines` (--actor-hostfile)."""
-    control, weights, trajectory, master = ports or pick_ports(tmp)
+    control, weights, trajectory, master = ports or pick_ports()
     fleet = []
     if host_lines:
         hostfile = tmp / f"{name}.hosts"
@@ -217,7 +214,7 @@ def test_fleets_on_two_hosts_train_to_the_budget_and_leave_nothing(hosts):
     """`asyncvla actors` beside a learner started apart: its hosts' actors join and train it."""
     from asyncvla.launch.keygen import generate
     generate(hosts / "keys", 2)                # (the learner reads its authorized clients at start)
-    run, ports = hosts / "runs" / "budget", pick_ports(hosts)
+    run, ports = hosts / "runs" / "budget", pick_ports()
     fleet_log = hosts / "budget-actors.log"                 # (start_fleet's)
     # The fleet first, its actors waiting for the learner: an actor that joined only after the
     # budget was spent (a host slow to start) would wait for ever, and its host with it.

@@ -20,9 +20,9 @@ from asyncvla.common.config import TransportConfig
 from asyncvla.common.control import Registry
 from asyncvla.common.sockets import TransportError, bound_endpoint
 from asyncvla.launch import cli
+from tests.ports import free_ports, run_ports
 from tests.test_protocol import make_segment, make_spec
 from tests.test_transport import REPO, deep_list, hostile_requests, reasons_of, send_raw, wait_until
-from tests.ports import free_ports, run_ports
 from tests.wire import pack_header
 
 FAST = dict(heartbeat_interval_s=0.1, heartbeat_timeout_s=1.5, reconnect_max_s=0.4, linger_ms=200)

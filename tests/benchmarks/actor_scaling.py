@@ -119,7 +119,7 @@ def fleet_vs_local(quick: bool) -> dict:
     from pathlib import Path
 
     from tests.benchmarks import multinode
-    from tests.ports import free_ports
+    from tests.ports import free_ports, run_ports
 
     missing = multinode.prerequisites()
     if missing:
@@ -128,8 +128,7 @@ def fleet_vs_local(quick: bool) -> dict:
     rates: dict[str, list[float]] = {"local": [], "fleet": []}
     with tempfile.TemporaryDirectory(prefix="asyncvla-fleet-") as tmp, ExitStack() as stack:
         tmp = Path(tmp)
-        ssh_port, = free_ports(1)
-        stack.enter_context(multinode.ssh_nodes(tmp / "ssh", FLEET_HOSTS, ssh_port))
+        stack.enter_context(multinode.ssh_nodes(tmp / "ssh", FLEET_HOSTS, free_ports(1)[0]))
         stack.callback(multinode._kill_leftovers, str(tmp))
         from asyncvla.launch.keygen import generate
         generate(tmp / "keys", len(FLEET_HOSTS))
@@ -137,7 +136,7 @@ def fleet_vs_local(quick: bool) -> dict:
         hostfile.write_text("".join(f"{h} slots=1\n" for h in FLEET_HOSTS))
         for r in range(rounds):
             for arm in ("local", "fleet"):
-                ports = next(p for p in iter(lambda: free_ports(4), None) if ssh_port not in p)
+                ports = tuple(run_ports().values())       # the sshd's port is held, so not among them
                 extra = ["launch.num_local_actors=0", "--actor-hostfile", str(hostfile)] if arm == "fleet" \
                     else ["launch.num_local_actors=2"]
                 rates[arm].append(_train_rate(tmp, f"{arm}-{r}", steps, ports, extra))
