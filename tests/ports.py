@@ -2,9 +2,9 @@
 
 A port the kernel hands out with bind(0) lies in its ephemeral range, where every outgoing
 connection on the machine takes its source port: one found free there can be taken a moment later,
-before the run that was given it binds it (a learner rank binding trajectory_port + 1 once failed
-so). So the ports come from outside that range, each pytest-xdist worker from its own slice, in
-turn, and each is checked free as it is handed out.
+before the run that was given it binds it. So the ports come from outside that range, each
+pytest-xdist worker from its own slice, in turn, and each is checked free as it is handed out; a
+run's trajectory port comes with its other ranks' ports (trajectory_port + r) free too.
 """
 
 from __future__ import annotations
