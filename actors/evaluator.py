@@ -27,7 +27,7 @@ import torch
 from asyncvla.actors.evaluate import format_summary, periodic_eval
 from asyncvla.actors.join import join
 from asyncvla.common.config import TransportConfig
-from asyncvla.common.control import BYE_HOLD_MAX_S
+from asyncvla.common.control import BYE_HOLD_MAX_S, EVALUATOR_PREFIX
 from asyncvla.common.signals import stop_on_signals
 
 log = logging.getLogger("asyncvla.evaluator")
@@ -52,7 +52,7 @@ def run(learner: str, run_dir: Path, tcfg) -> int:
 
     stop = stop_on_signals()
     torch.set_num_threads(1)
-    joined = join(learner, f"evaluator-{socket.gethostname()}-{os.getpid()}", tcfg, stop)
+    joined = join(learner, f"{EVALUATOR_PREFIX}{socket.gethostname()}-{os.getpid()}", tcfg, stop)
     if joined is None:
         return stop.exit_code()
     cfg, policy, weights = joined.cfg, joined.policy, joined.weights

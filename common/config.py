@@ -230,6 +230,10 @@ class LearnerConfig:
     dist_timeout_minutes: int = opt(120, "collective time-out; ranks idle while actors are slow", ge=1)
     starvation_timeout_s: float = opt(60.0, "a learner rank that receives no segment for this long logs one "
                                       "line per interval naming the actors it last heard from (0: never)", ge=0.0)
+    min_actors: int = opt(0, "before its first update the learner waits until this many actors have joined "
+                          "(the evaluator not counted): a fleet's first updates then hold every host's data, and a "
+                          "short budget is not spent before the slowest host joins (0: start with the first data)",
+                          ge=0)
 
 
 # --------------------------------------------------------------------------------- algorithm

@@ -62,6 +62,9 @@ MAX_PATH_PARTS = 8            # policy files lie at most this deep in the policy
 BYE_HOLD_MAX_S = 30.0
 BYE_HOLD_BEAT_S = 0.5         # ... heartbeating this often while it holds its bye
 BYE_WAIT_MAX_S = BYE_HOLD_MAX_S + 10.0
+# An evaluator joins like an actor, under an id that starts so; it sends no segment, and counts
+# neither among the actors a learner waits for (learner.min_actors) nor among a run's remote ones.
+EVALUATOR_PREFIX = "evaluator-"
 
 
 # ----------------------------------------------------------------------------------- registry

@@ -52,6 +52,7 @@ from pathlib import Path
 
 from asyncvla.common import placement, preflight
 from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides, to_yaml
+from asyncvla.common.control import EVALUATOR_PREFIX
 from asyncvla.common.rundir import clear_end, read_actors, read_end, run_dir as run_dir_of_config
 from asyncvla.common.signals import LAUNCHER_PID_ENV, catches, descendants, die_with_parent, python_module
 from asyncvla.launch.fleet import HostfileError
@@ -277,7 +278,7 @@ def finished(run_dir: Path) -> int:
 def remote_actors(run_dir: Path) -> list[str]:
     """The actors registered with the learner that this launcher did not start (RUN/actors.json,
     kept by the learner's rank 0; nothing before it is written)."""
-    return [a for a in read_actors(run_dir) or () if not a.startswith(("local-", "evaluator-"))]
+    return [a for a in read_actors(run_dir) or () if not a.startswith(("local-", EVALUATOR_PREFIX))]
 
 
 def exit_reason(code: int) -> str:

@@ -46,7 +46,7 @@ from asyncvla.learner import checkpoint, engine as ds_engine
 from asyncvla.learner.ingest import Inbox, rollout_plan
 from asyncvla.learner.metrics import Metrics, TargetWatch, group, write_accounting
 from asyncvla.learner.publish import EmaPublisher, Publisher, trainable_finite
-from asyncvla.learner.starvation import Roster, StarvationWatch
+from asyncvla.learner.starvation import Roster, StarvationWatch, wait_for_actors
 from asyncvla.learner.update import FiniteGuard, NonFiniteError, outputs_finite, update
 from asyncvla.learner.value_norm import ValueNorm
 
@@ -111,6 +111,9 @@ def run(cfg: Config) -> int:
     saved_at = start_step             # the step of the newest checkpoint of this run's branch ...
     saved_tag = resume_from           # ... and that checkpoint (None: nothing saved yet)
     target = TargetWatch(cfg.learner.target_success, cfg.learner.target_success_episodes)
+    if servers and cfg.learner.min_actors:       # (the other ranks wait at the first update's collectives)
+        wait_for_actors(cfg.learner.min_actors, servers[0].actor_ids, stop)
+        hunger.restart()
     started = time.perf_counter()
     while step < cfg.learner.max_steps:
         t0 = time.perf_counter()

@@ -1,5 +1,6 @@
-"""A learner with no data says so: one line per interval while no segment arrives; and rank 0
-keeps the list of registered actors where the launcher can read it (`Roster`).
+"""A learner with no data says so: one line per interval while no segment arrives; rank 0 keeps
+the list of registered actors where the launcher can read it (`Roster`), and, with
+learner.min_actors, waits for that many to join before its first update (`wait_for_actors`).
 
 An actor that stops sending (it hung, was stopped, lost its network, or every actor refuses the
 weights it is served) leaves the learner waiting in `Inbox.fill` without a word. This watch,
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
+from asyncvla.common.control import EVALUATOR_PREFIX
 from asyncvla.common.rundir import write_actors
 from asyncvla.common.sockets import printable
 
@@ -28,6 +30,11 @@ class StarvationWatch:
         self.heard: dict[str, float] = {}        # actor id -> when its last segment arrived
         self.next_line += timeout_s
         self.lines = 0                           # lines logged (for tests)
+
+    def restart(self) -> None:
+        """Count the silence from now: the learner was not yet waiting for data (learner.min_actors)."""
+        self.last_segment = self.clock()
+        self.next_line = self.last_segment + self.timeout_s
 
     def fed(self, actor_id: str) -> None:
         now = self.clock()
@@ -78,3 +85,28 @@ class Roster:
             if self.written is None:      # (once: the launcher then counts no remote actor)
                 log.warning("the list of registered actors was not written: %s", e)
         self.written = ids
+
+
+def wait_for_actors(wanted: int, actor_ids, stop, repeat_s: float = 30.0, poll_s: float = 0.2,
+                    clock=time.monotonic) -> int:
+    """Block until `actor_ids()` (the ids registered now) holds `wanted` actors, the evaluator not
+    counted, or `stop` is set; say so when waiting starts and every `repeat_s`. Returns how many
+    had joined. Without it a fleet's first host to join trains the learner alone, and a budget
+    short enough can be spent before the others join: they then wait for a learner that is gone."""
+    def joined() -> list[str]:
+        return [a for a in actor_ids() if not a.startswith(EVALUATOR_PREFIX)]
+    ids, started = joined(), clock()
+    if len(ids) >= wanted:
+        return len(ids)
+    log.info("waiting for %d actors to join before the first update (learner.min_actors); %d so far", wanted, len(ids))
+    next_line = started + repeat_s
+    while len(ids) < wanted and not stop.is_set():
+        if clock() >= next_line:
+            log.info("still waiting for actors: %d of learner.min_actors=%d joined after %.0f s%s", len(ids), wanted,
+                     clock() - started, (": " + ", ".join(printable(a) for a in ids[:MAX_NAMED])) if ids else "")
+            next_line += repeat_s
+        stop.wait(poll_s)
+        ids = joined()
+    if len(ids) >= wanted:
+        log.info("%d actors joined after %.0f s; training starts", len(ids), clock() - started)
+    return len(ids)

@@ -216,15 +216,17 @@ def test_fleets_on_two_hosts_train_to_the_budget_and_leave_nothing(hosts):
     generate(hosts / "keys", 2)                # (the learner reads its authorized clients at start)
     run, ports = hosts / "runs" / "budget", pick_ports()
     fleet_log = hosts / "budget-actors.log"                 # (start_fleet's)
-    # The fleet first, its actors waiting for the learner: an actor that joined only after the
-    # budget was spent (a host slow to start) would wait for ever, and its host with it.
+    # The fleet first, its actors waiting for the learner; and the learner waits for both before
+    # its first update (learner.min_actors): an actor that joined only after the budget was spent
+    # (a host slow to start, or one whose hello comes a back-off later) would wait for ever, and
+    # its host with it.
     fleet = start_fleet(hosts, "budget", f"tcp://{socket.gethostname()}:{ports[0]}", run, slots=4,
                         extra=["--per-host", "1"])
     proc = None
     try:
         for host in HOSTS:
             wait_for(run / "actors" / host / "actor_0.log", r"no answer from the learner", fleet)
-        proc, log = start_train(hosts, "budget", None, ["learner.max_steps=20"], ports)
+        proc, log = start_train(hosts, "budget", None, ["learner.max_steps=20", "learner.min_actors=2"], ports)
         code = proc.wait(timeout=300)
         fleet_code = fleet.wait(timeout=60)
     finally:
@@ -233,7 +235,7 @@ def test_fleets_on_two_hosts_train_to_the_budget_and_leave_nothing(hosts):
             multinode._stop_group(proc)
     text = log.read_text(errors="replace")
     assert code == 0, text[-4000:]
-    assert "finished at step 20" in text
+    assert "finished at step 20" in text and "2 actors joined after" in text
     text = fleet_log.read_text(errors="replace")
     assert fleet_code == 0, text
     for host in HOSTS:

@@ -1,4 +1,5 @@
-"""The learner's starvation watch (learner/starvation.py) on a fake clock, and the launcher's
+"""The learner's starvation watch and its wait for learner.min_actors (learner/starvation.py) on a
+fake clock, and the launcher's
 account of how a child ended (launch/train.py exit_reason, common/signals.py catches)."""
 
 import signal
@@ -9,7 +10,7 @@ import time
 from asyncvla.common.rundir import read_actors
 from asyncvla.common.signals import catches
 from asyncvla.launch.train import exit_reason, remote_actors
-from asyncvla.learner.starvation import Roster, StarvationWatch
+from asyncvla.learner.starvation import Roster, StarvationWatch, wait_for_actors
 
 
 class Clock:
@@ -18,6 +19,49 @@ class Clock:
 
     def __call__(self):
         return self.t
+
+
+class Joining:
+    """A registry that actors join as the clock goes on (at `arrivals`: time -> id); its stop
+    flag's wait advances the clock, and `stop_at` sets it."""
+
+    def __init__(self, clock, arrivals, stop_at=None):
+        self.clock, self.arrivals, self.stop_at, self.waits = clock, arrivals, stop_at, 0
+
+    def actor_ids(self):
+        return sorted(a for t, a in self.arrivals.items() if t <= self.clock.t)
+
+    def is_set(self):
+        return self.stop_at is not None and self.clock.t >= self.stop_at
+
+    def wait(self, seconds):
+        self.waits += 1
+        self.clock.t += seconds
+
+
+def test_the_learner_waits_for_min_actors_and_the_evaluator_does_not_count(caplog):
+    clock = Clock()
+    registry = Joining(clock, {clock.t: "evaluator-vm-7", clock.t + 1: "host-a-0", clock.t + 45: "host-b-0"})
+    with caplog.at_level("INFO", logger="asyncvla.learner"):
+        joined = wait_for_actors(2, registry.actor_ids, registry, repeat_s=30, poll_s=1, clock=clock)
+    assert joined == 2 and clock.t == 1045                 # not at 1001, when the evaluator and one actor were in
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0] == "waiting for 2 actors to join before the first update (learner.min_actors); 0 so far"
+    assert said[1] == "still waiting for actors: 1 of learner.min_actors=2 joined after 30 s: host-a-0"
+    assert said[2] == "2 actors joined after 45 s; training starts" and len(said) == 3
+
+    # enough already: no wait, no line; a stop ends the wait with the count so far
+    assert wait_for_actors(1, registry.actor_ids, registry, clock=clock) == 2 and registry.waits == 45
+    stopping = Joining(clock, {clock.t: "host-a-0"}, stop_at=clock.t + 5)
+    assert wait_for_actors(3, stopping.actor_ids, stopping, poll_s=1, clock=clock) == 1 and stopping.waits == 5
+
+    # the starvation watch counts its silence from the end of the wait, not from before it
+    watch = StarvationWatch(60.0, rank=0, clock=clock)
+    clock.t += 100
+    watch.restart()
+    assert watch.check() is None
+    clock.t += 61
+    assert "no segment for 61 s" in watch.check()
 
 
 def test_one_line_per_interval_of_silence_naming_the_actors_last_heard_from():
