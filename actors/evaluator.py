@@ -8,6 +8,9 @@ learner's step — which the weight server sends with each version — passes a 
 `eval.eval_interval`, and once more on the last weights when training ends (by any budget).
 Summaries and videos go to RUN/eval/step_N/; eval/success_rate, eval/return, eval/length to
 tensorboard in RUN/tb. Running it as its own process keeps env rollouts out of the learner's loop.
+An evaluator that has not joined when the learner's end record appears in the run dir (a run
+shorter than the evaluator's start-up, or an evaluator restarted at the end) evaluates the final
+checkpoint's published weights from disk instead: the last evaluation is never lost to a race.
 Exit code: 0 once the last weights are evaluated, 128 + N when stopped by signal N (mid-evaluation
 too: without a traceback), 1 on an error (`asyncvla train` restarts it once).
 """
@@ -28,6 +31,7 @@ from asyncvla.actors.evaluate import format_summary, periodic_eval
 from asyncvla.actors.join import join
 from asyncvla.common.config import TransportConfig
 from asyncvla.common.control import BYE_HOLD_MAX_S, EVALUATOR_PREFIX
+from asyncvla.common.rundir import LEARNER_END, read_end
 from asyncvla.common.signals import stop_on_signals
 
 log = logging.getLogger("asyncvla.evaluator")
@@ -52,9 +56,10 @@ def run(learner: str, run_dir: Path, tcfg) -> int:
 
     stop = stop_on_signals()
     torch.set_num_threads(1)
-    joined = join(learner, f"{EVALUATOR_PREFIX}{socket.gethostname()}-{os.getpid()}", tcfg, stop)
+    joined = join(learner, f"{EVALUATOR_PREFIX}{socket.gethostname()}-{os.getpid()}", tcfg,
+                  _StopOrEnded(stop, run_dir))
     if joined is None:
-        return stop.exit_code()
+        return stop.exit_code() if stop.is_set() else evaluate_final_checkpoint(run_dir, stop)
     cfg, policy, weights = joined.cfg, joined.policy, joined.weights
     # At the end of training: bye (which lets the learner close its weight server) only once the
     # last version is here.
@@ -95,6 +100,50 @@ def run(learner: str, run_dir: Path, tcfg) -> int:
     finally:
         writer.close()
         joined.close()
+    return stop.exit_code()
+
+
+class _StopOrEnded:
+    """What ends the evaluator's wait to join: a signal, or the learner's end record (training
+    ended before this evaluator joined, and no learner will answer its hello)."""
+
+    def __init__(self, stop, run_dir: Path):
+        self.stop, self.end_record = stop, run_dir / LEARNER_END
+
+    def is_set(self) -> bool:
+        return self.stop.is_set() or self.end_record.exists()
+
+
+def evaluate_final_checkpoint(run_dir: Path, stop) -> int:
+    """The learner ended before this evaluator joined: evaluate the final checkpoint's published
+    (EMA) weights, which are the last version the evaluator would have been sent, at its step.
+    Nothing to do when the learner was stopped or failed (the launcher stops the evaluator then)."""
+    from asyncvla.common.config import from_dict
+    from asyncvla.common.trackers import open_trackers
+    from asyncvla.learner.checkpoint import recorded_config
+    from asyncvla.learner.export import load_checkpoint
+
+    end = read_end(run_dir) or {}
+    if end.get("reason") != "budget" or not end.get("checkpoint"):
+        log.info("the learner ended (%s) before this evaluator joined; nothing to evaluate", end.get("reason"))
+        return 0
+    tag, step = end["checkpoint"], end["checkpoint_step"]
+    log.info("the learner finished at step %d before this evaluator joined; evaluating its final "
+             "checkpoint %s", step, tag)
+    cfg = from_dict(recorded_config(tag))
+    policy, cfg, _ = load_checkpoint(tag, weights="ema", device=cfg.actor.device)
+    writer, t0 = open_trackers(cfg, run_dir, "evaluator"), time.perf_counter()
+    try:
+        summary = periodic_eval(policy, cfg, step, run_dir, writer)
+    except Exception as e:                          # (a stop can end the env workers under it)
+        if not stop.is_set():
+            raise
+        log.info("stopped during the evaluation of step %d (%s)", step, str(e).splitlines()[0])
+        return stop.exit_code()
+    finally:
+        writer.close()
+    log.info("step %d (checkpoint), %.1f s: %s", step, time.perf_counter() - t0,
+             format_summary(summary).replace("\n", "; "))
     return stop.exit_code()
 
 

@@ -181,6 +181,38 @@ def test_eval_of_a_checkpoint_with_ema_weights(trained_run, tmp_path):
     assert s["env_id"] == "PixelReach-v0" and not s["greedy"] and s["num_episodes"] == 2
 
 
+def test_an_evaluator_that_joins_after_the_learner_finished_evaluates_its_final_checkpoint(trained_run, tmp_path):
+    """actors/evaluator.py: no learner answers, and the end record says the run finished by its
+    budget at the checkpoint: the evaluator evaluates that checkpoint's published (EMA) weights,
+    as `asyncvla eval --weights ema` does, at its step; after a stop it evaluates nothing."""
+    from asyncvla.common.rundir import write_end
+    from tests.ports import free_ports
+
+    run, tag, _ = trained_run
+    finished, stopped = tmp_path / "finished", tmp_path / "stopped"
+    for d in (finished, stopped):
+        d.mkdir()
+    write_end(finished, "budget", W.POLICY_UPDATES, tag, W.POLICY_UPDATES)
+    write_end(stopped, "stopped", W.POLICY_UPDATES, tag, W.POLICY_UPDATES)
+    procs = {d: subprocess.Popen([sys.executable, "-m", "asyncvla.actors.evaluator", "--run-dir", str(d),
+                                  "--learner", f"tcp://127.0.0.1:{port}"],      # nothing listens there
+                                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for d, port in zip((finished, stopped), free_ports(2))}
+    said = {d: proc.communicate(timeout=300)[0] for d, proc in procs.items()}
+    assert [proc.returncode for proc in procs.values()] == [0, 0], said
+    assert f"finished at step {W.POLICY_UPDATES} before this evaluator joined" in said[finished]
+    summary = json.loads((finished / "eval" / f"step_{W.POLICY_UPDATES:08d}" / "summary.json").read_text())
+    assert summary["step"] == W.POLICY_UPDATES
+    assert (finished / "tb").is_dir()
+    reference = tmp_path / "ema.json"
+    assert cli.main(["eval", str(tag), "--weights", "ema", "--out", str(reference)]) == 0
+    reference = json.loads(reference.read_text())
+    assert summary["num_episodes"] == reference["num_episodes"]
+    assert summary["return_mean"] == pytest.approx(reference["return_mean"])
+    assert "ended (stopped) before this evaluator joined; nothing to evaluate" in said[stopped]
+    assert not (stopped / "eval").exists()
+
+
 def test_bad_checkpoints_give_one_line_errors(trained_run, tmp_path):
     run, tag, _ = trained_run
     empty = tmp_path / "not_a_run"
