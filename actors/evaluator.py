@@ -82,16 +82,8 @@ def run(learner: str, run_dir: Path, tcfg) -> int:
                 step, tensors = latest
                 latest = None
                 policy.load_trainable_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()})
-                t0 = time.perf_counter()
-                try:
-                    summary = periodic_eval(policy, cfg, step, run_dir, writer)
-                except Exception as e:              # (a stop can end the env workers under it)
-                    if not stop.is_set():
-                        raise
-                    log.info("stopped during the evaluation of step %d (%s)", step, str(e).splitlines()[0])
+                if not _evaluate(policy, cfg, step, run_dir, writer, stop, f"version {version}"):
                     break
-                log.info("step %d (version %d), %.1f s: %s", step, version, time.perf_counter() - t0,
-                         format_summary(summary).replace("\n", "; "))
                 if step >= last_step:
                     break
                 next_step = (step // interval + 1) * interval
@@ -132,19 +124,28 @@ def evaluate_final_checkpoint(run_dir: Path, stop) -> int:
              "checkpoint %s", step, tag)
     cfg = from_dict(recorded_config(tag))
     policy, cfg, _ = load_checkpoint(tag, weights="ema", device=cfg.actor.device)
-    writer, t0 = open_trackers(cfg, run_dir, "evaluator"), time.perf_counter()
+    writer = open_trackers(cfg, run_dir, "evaluator")
+    try:
+        _evaluate(policy, cfg, step, run_dir, writer, stop, "final checkpoint")
+    finally:
+        writer.close()
+    return stop.exit_code()
+
+
+def _evaluate(policy, cfg, step: int, run_dir: Path, writer, stop, source: str) -> bool:
+    """`periodic_eval` at `step`, logged with `source` (what the weights are); False when a stop
+    ended it (a stop can end the env workers under it)."""
+    t0 = time.perf_counter()
     try:
         summary = periodic_eval(policy, cfg, step, run_dir, writer)
-    except Exception as e:                          # (a stop can end the env workers under it)
+    except Exception as e:
         if not stop.is_set():
             raise
         log.info("stopped during the evaluation of step %d (%s)", step, str(e).splitlines()[0])
-        return stop.exit_code()
-    finally:
-        writer.close()
-    log.info("step %d (checkpoint), %.1f s: %s", step, time.perf_counter() - t0,
+        return False
+    log.info("step %d (%s), %.1f s: %s", step, source, time.perf_counter() - t0,
              format_summary(summary).replace("\n", "; "))
-    return stop.exit_code()
+    return True
 
 
 def _wait_for_last_version(weights, last_version: int, version: int, latest, stop):
