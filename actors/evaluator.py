@@ -29,6 +29,7 @@ import torch
 
 from asyncvla.actors.evaluate import format_summary, periodic_eval
 from asyncvla.actors.join import join
+from asyncvla.common.auth import join_secret_from_env
 from asyncvla.common.config import TransportConfig
 from asyncvla.common.control import BYE_HOLD_MAX_S, EVALUATOR_PREFIX
 from asyncvla.common.rundir import LEARNER_END, read_end
@@ -57,7 +58,7 @@ def run(learner: str, run_dir: Path, tcfg) -> int:
     stop = stop_on_signals()
     torch.set_num_threads(1)
     joined = join(learner, f"{EVALUATOR_PREFIX}{socket.gethostname()}-{os.getpid()}", tcfg,
-                  _StopOrEnded(stop, run_dir))
+                  _StopOrEnded(stop, run_dir), join_secret=join_secret_from_env())
     if joined is None:
         return stop.exit_code() if stop.is_set() else evaluate_final_checkpoint(run_dir, stop)
     cfg, policy, weights = joined.cfg, joined.policy, joined.weights

@@ -34,9 +34,10 @@ log = logging.getLogger("asyncvla.actor")
 
 def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
         device: str | None = None, max_segments: int | None = None, actor_index: int | None = None,
-        tcfg=None, join_timeout: float | None = None) -> int:
-    """Join the learner at `learner` (its control endpoint) and act until it finishes. Without a
-    welcome within `join_timeout` seconds (None: keep trying) raises TransportError."""
+        tcfg=None, join_timeout: float | None = None, join_secret: str | None = None) -> int:
+    """Join the learner at `learner` (its control endpoint; `join_secret`: the run's, without CURVE
+    keys) and act until it finishes. Without a welcome within `join_timeout` seconds (None: keep
+    trying) raises TransportError."""
     actor_id = actor_id or f"{socket.gethostname()}-{os.getpid()}"
     # A local actor of `asyncvla train` gets its cores (launch.placement.actors); pinned before it
     # joins, so that the policy loads and the envs start on them.
@@ -44,7 +45,8 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
     if cores is not None:
         placement.apply(cores, threads=False)
     stop = stop_on_signals()
-    joined = join(learner, actor_id, tcfg or TransportConfig(), stop, num_envs, device, timeout=join_timeout)
+    joined = join(learner, actor_id, tcfg or TransportConfig(), stop, num_envs, device, timeout=join_timeout,
+                  join_secret=join_secret)
     if joined is None:
         return stop.exit_code()
     torch.set_num_threads(1)   # actors are many; one core each
@@ -70,18 +72,20 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
 
     version, state, seq, sent_at_version = -1, rollout.start(env), 0, 0
     incarnation = int.from_bytes(os.urandom(7), "little")     # seqs restart with a restarted actor
-    rejoins = client.rejoins
+    restarts = client.restarts
     try:
         while not stop.is_set() and not client.finished and (max_segments is None or seq < max_segments):
-            if client.rejoins != rejoins:
+            if client.error:                     # e.g. banned by the learner: nothing more to do here
+                raise transport.TransportError(f"learner at {learner}: {printable(client.error)}")
+            if client.restarts != restarts:
                 # The learner restarted (e.g. resumed from a checkpoint): its versions may be lower
                 # than ours, so take whatever it publishes next.
-                rejoins, version = client.rejoins, -1
+                restarts, version = client.restarts, -1
                 plan = client.welcome["rollout"]           # the restarted learner's plan
                 per_version, in_flight = plan["segments_per_version"], plan["max_segments_in_flight"]
                 weights.reset()
                 sender.forget_in_flight()
-                log.info("actor %s: learner restarted; rejoined, waiting for its weights", actor_id)
+                log.info("actor %s: the learner restarted; rejoined, waiting for its weights", actor_id)
             # Collect only when the learner has taken all but `in_flight` of what we sent (then
             # take the newest weights): a queued segment waits a whole update, and is one version
             # older when it is used.

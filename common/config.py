@@ -224,6 +224,9 @@ class LearnerConfig:
     max_nonfinite_steps: int = opt(5, "stop the run (non-zero exit) when this many optimizer steps in a row "
                                    "had a non-finite loss or gradient norm; each one is skipped and counted "
                                    "(system/nonfinite_steps)", ge=1)
+    max_poisoned_columns: int = opt(4, "an actor whose columns came out non-finite in an update this many times "
+                                    "(each dropped before training) is banned: its segments and requests are "
+                                    "refused from then on (0: never)", ge=0)
     publish_interval: int = opt(1, "publish weights every this many updates", ge=1)
     rollout_ema_decay: float = opt(0.0, "EMA of published weights: pub <- d*pub + (1-d)*theta "
                                    "(0 = publish the learner's weights as they are)", ge=0.0, lt=1.0)
@@ -467,7 +470,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
         try:
             sources.append((str(path), _drop_retired(OmegaConf.load(path))))
         except Exception as e:  # YAML syntax errors
-            raise ConfigError(f"config file '{path}' is not valid YAML: {e}") from None
+            raise ConfigError(f"config file '{path}' is not valid YAML: {_yaml_problem(e)}") from None
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value (e.g. actor.num_envs=4)")
@@ -482,6 +485,16 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
     config: Config = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     validate(config)
     return config
+
+
+def _yaml_problem(e: Exception) -> str:
+    """One line of a YAML parser error: where (line, column: 1-based) and what it found. PyYAML's
+    own text spans several lines ("while parsing ... in FILE, line L ... found ...")."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is None or not problem:
+        return " ".join(str(e).split())
+    context = getattr(e, "context", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
 
 
 def validate(config: Config, on_this_machine: bool = True) -> None:

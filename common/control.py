@@ -37,7 +37,7 @@ from typing import Callable
 
 import zmq
 
-from asyncvla.common.auth import actor_token, peer_key, valid_token
+from asyncvla.common.auth import actor_token, peer_key, valid_join_secret, valid_token
 from asyncvla.common.signals import LAUNCHER_PID_ENV
 from asyncvla.common.protocol import (REQUEST_MAX_BYTES, Limits, Message, ValidationError, decode_control,
                                       encode_control, files_of, MAX_NAME_LEN)
@@ -47,6 +47,7 @@ from asyncvla.common.sockets import (DropLog, Node, ServiceThread, TransportErro
 log = logging.getLogger("asyncvla.transport")
 
 BACKOFF_MIN_S = 0.1
+ID_WAIT_S = 60.0              # a first hello refused as id_taken is said again for this long
 POLL_MS = 50
 WELCOME_KEYS = {"config": dict, "trajectory_endpoints": list, "weights_endpoint": str,
                 "weight_version": int, "policy": dict, "rollout": dict, "token": str}
@@ -181,8 +182,10 @@ class ControlServer:
 
     welcome_fn(hello: dict) -> dict builds the welcome (config dict, trajectory_endpoints,
     weights_endpoint, weight_version, policy {path, optional files {relpath: bytes}}); the server
-    adds the heartbeat settings and the actor's token, signed with `auth_key` (default: this
-    node's, common/auth.py). With `policy_dir`, registered actors that cannot read policy.path
+    adds the heartbeat settings, its `learner_id` (drawn per server: a client tells a restarted
+    learner from the same one) and the actor's token, signed with `auth_key` (default: this
+    node's, common/auth.py). With `join_secret` (the run's, without CURVE keys) a hello must carry
+    it: one without it, or with another, is refused ("no_join_secret", "wrong_join_secret"). With `policy_dir`, registered actors that cannot read policy.path
     fetch that directory's files once. Requests that fail the token or key check are refused
     and counted in stats["invalid"] ("unregistered", "wrong_key"); a hello, heartbeat or bye for
     a live id from a connection other than the one holding it, while that one is connected, too
@@ -191,10 +194,13 @@ class ControlServer:
     """
 
     def __init__(self, tcfg, welcome_fn: Callable[[dict], dict], policy_dir: str | None = None,
-                 endpoint: str | None = None, auth_key: bytes | None = None):
+                 endpoint: str | None = None, auth_key: bytes | None = None, join_secret: str | None = None):
         self.tcfg = tcfg
         self.welcome_fn = welcome_fn
         self.policy_dir = policy_dir
+        self.join_secret = join_secret
+        self.learner_id = os.urandom(8).hex()
+        self.banned: set[str] = set()          # ids refused from now on (`ban`)
         self._node = Node(tcfg, server=True)
         try:
             # Requests are tiny: a small per-frame cap makes ZeroMQ drop a connection that sends
@@ -224,6 +230,14 @@ class ControlServer:
     def counts(self) -> dict[str, int]:
         with self._lock:
             return self.registry.counts()
+
+    def ban(self, actor_id: str) -> None:
+        """Refuse everything from this actor id from now on: it leaves the registry (counted as
+        left), and its requests are answered with an error saying why ("banned")."""
+        with self._lock:
+            self.banned.add(actor_id)
+            if self.registry.actors.pop(actor_id, None) is not None:
+                self.registry.left_total += 1
 
     def actor_ids(self) -> list[str]:
         """The ids registered now."""
@@ -301,6 +315,12 @@ class ControlServer:
             return
         self.stats["messages"] += 1
         now, user = time.monotonic(), peer_key(frames[0])
+        if actor_id in self.banned:
+            self._count("banned", f"{msg.kind} from actor {actor_id[:40]!r}, banned for poisoning updates")
+            self._send(peer, encode_control("error", {"reason": "banned", "message": (
+                f"actor_id {actor_id[:100]!r} is banned by this learner: its segments kept making updates "
+                "non-finite (learner.max_poisoned_columns)")}))
+            return
         if msg.kind == "hello":
             self._on_hello(peer, user, msg.meta, now)
             return
@@ -346,13 +366,21 @@ class ControlServer:
 
     def _on_hello(self, peer: bytes, user: str, hello: dict, now: float) -> None:
         actor_id = hello["actor_id"]
+        if self.join_secret is not None and not valid_join_secret(self.join_secret, hello.get("join_secret")):
+            reason = "wrong_join_secret" if "join_secret" in hello else "no_join_secret"
+            self._count(reason, f"hello for actor {actor_id[:40]!r} ({hello['host'][:40]} pid {hello['pid']}) "
+                                "without the run's join secret")
+            self._send(peer, encode_control("error", {"reason": reason, "message": (
+                "join refused: this learner admits only holders of its run's join secret (RUN/join_secret): "
+                "start the actor with --run-dir RUN, or use CURVE keys (transport.keys_dir)")}))
+            return
         try:
             body = dict(self.welcome_fn(dict(hello)))
             policy = dict(body.get("policy") or {})
             files = policy.pop("files", None)
             body["policy"] = policy
             body.update(heartbeat_interval_s=self.tcfg.heartbeat_interval_s,
-                        heartbeat_timeout_s=self.tcfg.heartbeat_timeout_s,
+                        heartbeat_timeout_s=self.tcfg.heartbeat_timeout_s, learner_id=self.learner_id,
                         token=actor_token(self._key, actor_id, user))
             reply = encode_control("welcome", body, files=files)
         except Exception as e:       # a bug in welcome_fn: tell the actor instead of leaving it waiting
@@ -372,7 +400,7 @@ class ControlServer:
                                 f"{hello['host'][:40]} pid {hello['pid']}")
             message = (f"actor_id {actor_id[:100]!r} is {holder}; choose another --actor-id, or wait "
                        "until that actor leaves")
-            self._send(peer, encode_control("error", {"message": message}))
+            self._send(peer, encode_control("error", {"message": message, "reason": reason}))
             return
         if what != "refreshed":
             self._events(what, logging.INFO, "actor %s %s (%s pid %d)", printable(actor_id), what,
@@ -422,20 +450,30 @@ class LearnerClient:
     back-off, and warning after NO_ANSWER_WARN_S (LAUNCHED_WARN_S in a process `asyncvla train`
     started; then every NO_ANSWER_REPEAT_S) what may keep the learner silent. After it, a background thread heartbeats; `learner_alive` turns False
     when the learner is silent for heartbeat_timeout_s and the client says hello again with
-    back-off until it answers (`rejoins` counts the successes, `welcome` holds the latest,
-    `token` the latest welcome's token, which the actor's other requests carry). `finished`
+    back-off until it answers (`rejoins` counts the successes, `restarts` those that found a new
+    learner rather than the same one, which had only lost this client, e.g. one paused past the
+    time-out; `welcome` holds the latest, `token` the latest welcome's token, which the actor's
+    other requests carry). `join_secret` (the run's, without CURVE keys) goes with every hello. A
+    first hello refused because the id is live in another connection (a restarted actor's
+    predecessor the learner has not yet seen go, or another process holding the id) is said again
+    with back-off for up to `id_wait_s` seconds before join() fails. `finished`
     turns True when the learner announces the end of training, and the client answers bye: at
     once, or, with `bye_when` set (a function of the last version), once it returns True or after
     BYE_HOLD_MAX_S, heartbeating meanwhile (an evaluator: until its weights hold the last version).
     """
 
     def __init__(self, control_endpoint: str, actor_id: str, tcfg, host: str | None = None,
-                 pid: int | None = None, num_envs: int = 0):
+                 pid: int | None = None, num_envs: int = 0, join_secret: str | None = None,
+                 id_wait_s: float = ID_WAIT_S):
         if not 0 < len(actor_id) <= MAX_NAME_LEN:
             raise ValueError(f"actor_id {actor_id!r} must be 1..{MAX_NAME_LEN} characters")
         self.endpoint, self.actor_id, self.tcfg = control_endpoint, actor_id, tcfg
         self.hello = {"actor_id": actor_id, "host": host or socket.gethostname(),
                       "pid": os.getpid() if pid is None else pid, "num_envs": int(num_envs)}
+        if join_secret:
+            self.hello["join_secret"] = join_secret
+        self.id_wait_s = id_wait_s
+        self._id_refused_at: float | None = None     # when a first hello was first refused as id_taken
         self._node = Node(tcfg, server=False)
         self._sock: zmq.Socket | None = None
         self._limits = Limits.for_kind("control", tcfg.max_message_mb)
@@ -450,7 +488,8 @@ class LearnerClient:
         self.finished = False
         self.final_version = -1                 # the last version the learner published ("shutdown")
         self.bye_when: Callable[[int], bool] | None = None
-        self.joins = self.rejoins = 0
+        self.joins = self.rejoins = self.restarts = 0
+        self.learner_id: str | None = None      # the welcoming learner's (a new one: it restarted)
         self.error: str | None = None
         self._request: dict | None = None      # the one outstanding get_policy_files
         self.stats = {"invalid": Counter()}
@@ -558,17 +597,34 @@ class LearnerClient:
                 log.info("learner at %s finished training", self.endpoint)
                 self.final_version = msg.meta["version"]
                 self.finished = True
-            elif msg.kind == "error" and not joined and self.joins:
-                # A refused hello on rejoining: e.g. a learner that has not yet seen our previous
-                # connection close still holds our id for it. The next hello (back-off) takes it.
-                log.warning("learner at %s refused to take us back (%s); saying hello again", self.endpoint,
-                            printable(msg.meta["message"]))
+            elif msg.kind == "error" and not joined and self._say_hello_again(msg.meta):
+                pass
             elif msg.kind in ("policy_files", "error"):
                 self._on_reply(msg)
         if self.finished:
             self._hold_bye()
         if joined or self.finished:
             self._send("bye", self._credentials())      # the learner waits for it
+
+    def _say_hello_again(self, refusal: dict) -> bool:
+        """Whether a refused hello is said again (the back-off goes on) rather than failing the join:
+        on rejoining, a learner that has not yet seen our previous connection close still holds our
+        id for it; on a first join, the id may be live in another connection (our predecessor's,
+        the learner not having probed it yet, or a process that took it), for up to id_wait_s."""
+        message = printable(refusal["message"])
+        if refusal.get("reason") == "banned":       # final: join() (or the actor's loop) fails with it
+            return False
+        if self.joins:
+            log.warning("learner at %s refused to take us back (%s); saying hello again", self.endpoint, message)
+            return True
+        if refusal.get("reason") != "id_taken":
+            return False
+        now = time.monotonic()
+        if self._id_refused_at is None:
+            self._id_refused_at = now
+            log.warning("learner at %s: actor_id %r is live in another connection; saying hello again for up "
+                        "to %.0f s, until that connection is gone", self.endpoint, self.actor_id, self.id_wait_s)
+        return now - self._id_refused_at < self.id_wait_s
 
     def _hold_bye(self) -> None:
         """Until bye_when(final_version) holds, BYE_HOLD_MAX_S pass or the client is closed."""
@@ -602,13 +658,19 @@ class LearnerClient:
             welcome["policy"] = dict(welcome["policy"], files=files_of(msg))
         self.interval_s = float(welcome.get("heartbeat_interval_s", self.interval_s))
         self.timeout_s = float(welcome.get("heartbeat_timeout_s", self.timeout_s))
+        learner_id = welcome.get("learner_id")
         with self._lock:
             first = self.joins == 0
-            self.welcome, self.token = welcome, welcome["token"]
+            restarted = not first and learner_id != self.learner_id
+            self.welcome, self.token, self.learner_id = welcome, welcome["token"], learner_id
             self.joins += 1
             self.rejoins += 0 if first else 1
-        if not first:
-            log.info("rejoined the learner at %s", self.endpoint)
+            self.restarts += restarted
+        if restarted:
+            log.info("the learner at %s restarted; rejoined it", self.endpoint)
+        elif not first:
+            log.info("rejoined the learner at %s: the same learner, which had lost this actor (silent for "
+                     "heartbeat_timeout_s, e.g. paused) and knows it again", self.endpoint)
         self.learner_alive = True
         self._joined.set()
         if self._request is not None:

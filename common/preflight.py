@@ -19,8 +19,8 @@ from asyncvla.common.config import Config
 
 def problems(cfg: Config, ports: bool = True) -> list[str]:
     from asyncvla.common import trackers
-    out = _pretrained(cfg.policy.pretrained_path) + _resume(cfg) + _keys(cfg) + _actor_hosts(cfg) + \
-        trackers.problems(cfg) + env_problems(cfg)
+    out = _run_dir(cfg) + _pretrained(cfg.policy.pretrained_path) + _resume(cfg) + _keys(cfg) + \
+        _actor_hosts(cfg) + trackers.problems(cfg) + env_problems(cfg)
     if ports:
         out += busy_ports(cfg)
     return out
@@ -34,6 +34,26 @@ def env_problems(cfg: Config) -> list[str]:
     from asyncvla.actors.envs.maniskill import camera_problem
     problem = camera_problem(cfg.env.id, cfg.env.camera, cfg.env.render_backend)
     return [problem] if problem else []
+
+
+def _run_dir(cfg: Config) -> list[str]:
+    """The run directory and its checkpoints folder: each a directory where it exists, and where
+    not, the nearest existing folder above it one this user can write to (the learner's ranks
+    would otherwise find out after their start-up, with the launcher's files already written)."""
+    from asyncvla.common.rundir import CHECKPOINTS, run_dir
+    run = run_dir(cfg)
+    where = ("checkpoint.resume's run" if cfg.checkpoint.resume else
+             f"logging.output_dir/logging.experiment_name={str(run)!r}")
+    for path in (run, run / CHECKPOINTS):
+        if path.exists() and not path.is_dir():
+            return [f"{path} is a file, not a directory: a run keeps its files in RUN and its checkpoints in "
+                    f"RUN/{CHECKPOINTS} (RUN = {where}); move the file away or choose another "
+                    "logging.output_dir / logging.experiment_name"]
+    above = next((p for p in (run, *run.parents) if p.exists()), None)
+    if above is not None and not (above.is_dir() and os.access(above, os.W_OK | os.X_OK)):
+        return [f"{above} is not a directory this user can write to, so the run directory {run} cannot be made "
+                f"(RUN = {where}); set logging.output_dir to a writable place"]
+    return []
 
 
 def _pretrained(path: str | None) -> list[str]:

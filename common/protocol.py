@@ -62,6 +62,13 @@ REQUEST_MAX_BYTES = 64 << 10        # a request to a server (hello, heartbeat, g
 # time limit (SegmentSpec.max_episode_steps unset): far beyond any task's, yet a length that keeps
 # the episode metrics readable.
 MAX_EPISODE_STEPS = 1 << 24
+# The ranges of a segment's float fields beyond finiteness (Field.bound; SegmentSpec.bounds), far
+# outside what an honest actor sends, so that a buggy or hostile one cannot put a huge but finite
+# value into a batch (a flow chain times 2e30 passes a finite check, and overflows the loss):
+MAX_ABS_STATE = 1e4           # robot state: joint positions and velocities, poses
+MAX_ABS_LOGP = 1e4            # a log-prob (token) or a log-density (flow; positive where narrow)
+MAX_ABS_CHAIN = 1e2           # a flow chain lives in the unit action space, from N(0, 1) noise at t = 1
+MAX_SEGMENT_SECONDS = 1e5     # meta act_s / env_s: an actor's time acting or stepping in one segment
 
 SEGMENT, WEIGHTS = "segment", "weights"
 # Control messages: required meta keys and their types (extra keys are refused).
@@ -80,6 +87,11 @@ CONTROL_META: dict[str, dict[str, type]] = {
     "get_weights": {"newer_than": int, "wait_ms": int,          # actor -> weight server
                     "actor_id": str, "token": str},
     "no_weights": {"version": int},                             # nothing newer within wait_ms
+}
+# Keys a message of a kind may carry besides its required ones, and their types.
+CONTROL_META_OPTIONAL: dict[str, dict[str, type]] = {
+    "hello": {"join_secret": str},      # the run's join secret (common/auth.py), without CURVE keys
+    "error": {"reason": str},           # what a refusal was, as the server counts it (e.g. "id_taken")
 }
 FREE_META = ("welcome", "heartbeat")      # kinds whose meta may carry other keys
 # "token": the one the welcome gave the actor (common/auth.py); without it, or with another, a
@@ -356,7 +368,9 @@ class Segment:
 
 
 class Field(NamedTuple):
-    """One segment array: its dtype tag, its dims and its role.
+    """One segment array: its dtype tag, its dims, its role and, for a float field, the name of the
+    range its values must lie in (`SegmentSpec.bounds`; None: finite is enough, or a check of its
+    own: rewards and episode returns are bounded by learner.max_abs_reward).
 
     dims: ints are fixed; letters are sizes: T steps, "T1" = T+1, B envs, H/W image, L instruction,
     S state, N action tokens (K*D), R the K axis of action-level rewards, n truncations, E episodes,
@@ -368,27 +382,28 @@ class Field(NamedTuple):
     dtype: str
     dims: tuple
     role: str
+    bound: str | None = None
 
 
-# The observation, per env: name -> (dtype, dims after [T+1, B]). Each also has a final_<name>.
-_OBSERVATION = {"image": ("uint8", ("H", "W", 3)), "instruction": ("int64", ("L",)),
-                "instruction_mask": ("uint8", ("L",)), "state": ("float32", ("S",))}
+# The observation, per env: name -> (dtype, dims after [T+1, B], range). Each also has a final_<name>.
+_OBSERVATION = {"image": ("uint8", ("H", "W", 3), None), "instruction": ("int64", ("L",), None),
+                "instruction_mask": ("uint8", ("L",), None), "state": ("float32", ("S",), "state")}
 FINAL_PREFIX = "final_"
 
 # The segment schema: the one definition that actors (actors/rollout.py), the receiver (below)
 # and the learner (learner/ingest.py, learner/update.py) iterate over.
 SEGMENT_FIELDS: dict[str, Field] = {
-    **{k: Field(dt, ("T1", "B", *d), "obs") for k, (dt, d) in _OBSERVATION.items()},
+    **{k: Field(dt, ("T1", "B", *d), "obs", r) for k, (dt, d, r) in _OBSERVATION.items()},
     "action_tokens": Field("int64", ("T", "B", "N"), "step"),
-    "behavior_logp": Field("float32", ("T", "B", "N"), "step"),
+    "behavior_logp": Field("float32", ("T", "B", "N"), "step", "logp"),
     # A flow head sends its chains instead of action tokens (the learner recomputes their log-probs).
-    "flow_chain": Field("float32", ("T", "B", "F1", "K", "D"), "step"),
+    "flow_chain": Field("float32", ("T", "B", "F1", "K", "D"), "step", "chain"),
     "flow_stochastic": Field("uint8", ("T", "B", "F"), "step"),
     "rewards": Field("float32", ("T", "B", "R"), "step"),
     "terminated": Field("uint8", ("T", "B"), "step"),
     "truncated": Field("uint8", ("T", "B"), "step"),
     "final_index": Field("int64", ("n", 2), "index"),
-    **{FINAL_PREFIX + k: Field(dt, ("n", *d), "final") for k, (dt, d) in _OBSERVATION.items()},
+    **{FINAL_PREFIX + k: Field(dt, ("n", *d), "final", r) for k, (dt, d, r) in _OBSERVATION.items()},
     "ep_return": Field("float32", ("E",), "episode"),
     "ep_length": Field("int64", ("E",), "episode"),
     "ep_success": Field("uint8", ("E",), "episode"),
@@ -413,6 +428,7 @@ SEGMENT_META = {"actor_id": str, "seq": int, "policy_version": int, "num_steps":
 # incarnation: drawn by an actor process at start; with actor_id it names the stream whose seqs a
 # learner rank checks for repeats (a restarted actor keeps its id and starts again at seq 0).
 SEGMENT_META_OPTIONAL = {"act_s": float, "env_s": float, "token": str, "incarnation": int}
+SEGMENT_SECONDS = ("act_s", "env_s")       # timings: in [0, MAX_SEGMENT_SECONDS]
 
 
 def final_field(obs_name: str) -> str:
@@ -444,6 +460,14 @@ class SegmentSpec:
     max_episode_steps: int | None = None
     flow_steps: int = 0
     action_dim: int = 0
+
+    def bounds(self) -> dict[str, tuple[float, float]]:
+        """The range of each Field.bound: [low, high] every value of such a field must lie in. A
+        token head's log-probs are <= 0 (a hair above, for rounding); a flow head's are Gaussian
+        log-densities, positive where a step is narrow."""
+        logp_high = MAX_ABS_LOGP if self.flow_steps else 1e-3
+        return {"state": (-MAX_ABS_STATE, MAX_ABS_STATE), "logp": (-MAX_ABS_LOGP, logp_high),
+                "chain": (-MAX_ABS_CHAIN, MAX_ABS_CHAIN)}
 
     def fields(self) -> dict[str, Field]:
         """The expected arrays: name -> Field."""
@@ -485,6 +509,10 @@ def check_segment_meta(meta: dict) -> dict:
     for key in ("seq", "policy_version", "env_steps", "num_steps", "num_envs", "incarnation"):
         if key in meta and meta[key] < (1 if key in ("num_steps", "num_envs") else 0):
             raise ValidationError("bad_meta", f"meta '{key}'={meta[key]} is out of range")
+    for key in SEGMENT_SECONDS:
+        if key in meta and not 0 <= meta[key] <= MAX_SEGMENT_SECONDS:
+            raise ValidationError("bad_meta", f"meta '{key}'={meta[key]:.3g} is out of range [0, "
+                                              f"{MAX_SEGMENT_SECONDS:g}] (seconds)")
     if not 0 < len(meta["actor_id"]) <= MAX_NAME_LEN:
         raise ValidationError("bad_meta", "meta 'actor_id' must be 1..256 characters")
     return meta
@@ -515,7 +543,7 @@ def _check_segment_layout(msg: Message, spec: SegmentSpec) -> dict[str, int]:
         missing, extra = sorted(set(fields) - set(arrays)), sorted(set(arrays) - set(fields))
         raise ValidationError("bad_fields", f"missing {missing}, unexpected {extra}")
     dims = _segment_dims(arrays, spec, msg.meta)
-    for name, (tag, shape, _) in fields.items():
+    for name, (tag, shape, *_) in fields.items():
         if msg.tags[name] != tag:
             raise ValidationError("bad_dtype", f"'{name}' is {msg.tags[name]}, expected {tag}")
         want = tuple(dims[d] if type(d) is str else d for d in shape)
@@ -527,6 +555,13 @@ def _check_segment_layout(msg: Message, spec: SegmentSpec) -> dict[str, int]:
 @functools.lru_cache(maxsize=64)
 def _fields_of(spec: SegmentSpec) -> dict[str, Field]:
     return spec.fields()
+
+
+@functools.lru_cache(maxsize=64)
+def _ranged(spec: SegmentSpec) -> tuple:
+    """(name, (low, high)) of each field of the spec's that declares a range."""
+    bounds = spec.bounds()
+    return tuple((name, bounds[f.bound]) for name, f in _fields_of(spec).items() if f.bound is not None)
 
 
 def _segment_dims(arrays: dict, spec: SegmentSpec, meta: dict) -> dict[str, int]:
@@ -605,8 +640,12 @@ def _check_segment_values(msg: Message, spec: SegmentSpec, dims: dict, group_che
             if not test(np.ndarray((run.count,), run.dtype, msg.buffers[run.frame], run.offset)):
                 bad = next((n for n in run.names if not test(arrays[n].reshape(-1))), "padding")
                 raise ValidationError(reason, f"'{bad}' {what}")
-    if not spec.flow_steps and arrays["behavior_logp"].size and arrays["behavior_logp"].max() > 1e-3:
-        raise ValidationError("bad_values", "'behavior_logp' holds positive log-probabilities")
+    for name, (low, high) in _ranged(spec):
+        a = arrays[name]
+        if a.size and (a.min() < low or a.max() > high):
+            bad = float(a.min() if a.min() < low else a.max())
+            raise ValidationError("out_of_range", f"'{name}' holds {bad:.3g}, outside [{low:g}, {high:g}]"
+                                  + (" (a positive log-probability)" if name == "behavior_logp" and bad > 0 else ""))
     if spec.flow_steps and arrays["flow_stochastic"].size and not arrays["flow_stochastic"].any(-1).all():
         raise ValidationError("bad_values", "'flow_stochastic' has a chunk with no Gaussian step: its "
                                             "log-prob cannot be recomputed")
@@ -747,11 +786,12 @@ def decode_control(frames: Sequence[Any], limits: Limits, *kinds: str) -> Messag
 @_total
 def control_of(msg: Message, *kinds: str) -> Message:
     expect_kind(msg, *kinds)
-    required = CONTROL_META[msg.kind]
-    extra = set(msg.meta) - set(required)
+    required, optional = CONTROL_META[msg.kind], CONTROL_META_OPTIONAL.get(msg.kind, {})
+    extra = set(msg.meta) - set(required) - set(optional)
     if extra and msg.kind not in FREE_META:
         raise ValidationError("bad_meta", f"'{msg.kind}' has unknown meta keys {sorted(map(str, extra))[:5]}")
     check_meta(msg.meta, required)
+    check_meta(msg.meta, {k: t for k, t in optional.items() if k in msg.meta})
     for name, arr in msg.arrays.items():
         if msg.tags[name] != "uint8" or arr.ndim != 1:
             raise ValidationError("bad_dtype", f"file frame '{name}' must be a 1-D uint8 array")
@@ -772,8 +812,9 @@ def check_meta(meta: dict, required: Mapping[str, type]) -> None:
             (isinstance(value, str) and len(value) <= MAX_NAME_LEN) if typ is str else \
             _is_number(value) if typ is float else isinstance(value, typ)
         if not ok:
-            raise ValidationError("bad_meta", f"meta '{key}' must be a {typ.__name__}, got "
-                                              f"{type(value).__name__}")
+            want = "a finite number" if typ is float else f"a {typ.__name__}"
+            got = repr(value) if type(value) in (int, float) else type(value).__name__
+            raise ValidationError("bad_meta", f"meta '{key}' must be {want}, got {got[:40]}")
 
 
 def _is_number(v) -> bool:

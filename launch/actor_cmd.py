@@ -7,6 +7,11 @@ Start any number, on any host, at any time; stop them at any time.
 Until the learner answers, the actor keeps saying hello; after 5 s without an answer it warns
 what to check (is the learner there; does it use CURVE keys, so that this actor needs
 --keys-dir), and again every 30 s. With --join-timeout it gives up instead (exit code 1).
+
+Without CURVE keys a learner admits only holders of its run's join secret (RUN/join_secret,
+readable by the run's owner only): on the learner's machine, pass --run-dir RUN (or set
+ASYNCVLA_JOIN_SECRET, as `asyncvla train` does for the actors it starts). Refused, the actor
+exits 1 with one line saying so.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--actor-index", type=int, default=None,
                    help="seeds this actor's envs apart from the others (default: derived from the id)")
     p.add_argument("--keys-dir", help="CURVE keys made by `asyncvla keygen` (client side)")
+    p.add_argument("--run-dir", metavar="RUN", help="the learner's run directory on this machine: its join "
+                                                    "secret (RUN/join_secret) lets this actor join a learner "
+                                                    "without CURVE keys")
     p.add_argument("--max-segments", type=int, help="stop after sending this many segments")
     p.add_argument("--join-timeout", type=float, metavar="SECONDS",
                    help="give up (exit code 1) when the learner has not welcomed this actor within "
@@ -35,6 +43,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from asyncvla.actors.main import run as run_actor
+    from asyncvla.common.auth import join_secret_from_env, read_join_secret
     from asyncvla.common.config import TransportConfig
     from asyncvla.common.sockets import TransportError
 
@@ -44,8 +53,12 @@ def run(args) -> int:
             raise SystemExit(f"asyncvla actor: {flag}={value} must be > 0")
     tcfg = TransportConfig(keys_dir=args.keys_dir)
     try:
+        secret = read_join_secret(args.run_dir) if args.run_dir else join_secret_from_env()
+    except ValueError as e:
+        raise SystemExit(f"asyncvla actor: --run-dir: {e}")
+    try:
         return run_actor(args.learner, actor_id=args.actor_id, num_envs=args.num_envs, device=args.device,
                          max_segments=args.max_segments, actor_index=args.actor_index, tcfg=tcfg,
-                         join_timeout=args.join_timeout)
+                         join_timeout=args.join_timeout, join_secret=secret)
     except TransportError as e:             # phrased for the user: no traceback
         raise SystemExit(f"asyncvla actor: {e}")

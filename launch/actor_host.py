@@ -1,7 +1,8 @@
 """`asyncvla actor-host`: one host's actors, as `asyncvla actors` (launch/fleet.py) starts them over ssh.
 
 It reads one JSON line from stdin first ({"keys": {file name: text}}: this host's CURVE client
-bundle, or none), writes the keys to RUN/actors/HOST/keys (0700 folder, 0600 files), starts
+bundle, or none; "join_secret": the run's, for a learner without keys, handed to the actors in
+their environment), writes the keys to RUN/actors/HOST/keys (0700 folder, 0600 files), starts
 --actors `asyncvla actor` processes (ids HOST-<i>, env seeds from --first-index), pinned to
 --placement, each logging to RUN/actors/HOST/actor_<i>.log, and restarts one that exits non-zero
 up to --max-restarts times. It prints one "actor-host:" line whenever its fleet changes.
@@ -12,7 +13,7 @@ on SIGINT/SIGTERM, or when every actor has ended (the learner's "shutdown": exit
 
 Started by srun or by hand instead (launch/slurm/asyncvla.sbatch): --no-stdin (no keys line, and
 only signals stop it) and --keys-dir BUNDLE (a client bundle on a shared filesystem, used in
-place and kept).
+place and kept); its actors then take a join secret from their environment (ASYNCVLA_JOIN_SECRET).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import time
 from pathlib import Path
 
 from asyncvla.common import placement
+from asyncvla.common.auth import JOIN_SECRET_ENV
 from asyncvla.common.signals import die_with_parent
 
 ACTOR_STOP_GRACE_S = 10.0
@@ -73,7 +75,7 @@ def run(args) -> int:
         threading.Thread(target=_watch_stdin, args=(stop,), daemon=True).start()
     parent = None if args.no_stdin else os.getppid()
     supervisor = Supervisor(args, folder, keys or (Path(args.keys_dir) if args.keys_dir else None),
-                            cores if args.placement.strip() != "all" else None)
+                            cores if args.placement.strip() != "all" else None, first.get("join_secret"))
     try:
         supervisor.start_all()
         while not stop.wait(0.5):
@@ -127,8 +129,10 @@ def _watch_stdin(stop: threading.Event) -> None:
 class Supervisor:
     """This host's actor processes, restarted when they crash."""
 
-    def __init__(self, args, folder: Path, keys: Path | None, cores: list[int] | None):
+    def __init__(self, args, folder: Path, keys: Path | None, cores: list[int] | None,
+                 join_secret: str | None = None):
         self.args, self.folder, self.keys, self.cores = args, folder, keys, cores
+        self.join_secret = join_secret
         self.procs: dict[int, subprocess.Popen] = {}
         self.restarts: dict[int, int] = {}
         self.codes: dict[int, int] = {}           # actors that ended for good, and how
@@ -142,6 +146,8 @@ class Supervisor:
     def start(self, i: int) -> None:
         me = os.getpid()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if self.join_secret:            # (in the environment: a command line is visible to every user)
+            env[JOIN_SECRET_ENV] = self.join_secret
         if self.cores is not None:
             env[placement.CORES_ENV] = ",".join(map(str, self.cores))
         with open(self.folder / f"actor_{i}.log", "ab") as log:

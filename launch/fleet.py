@@ -19,7 +19,10 @@ stdin carries the host's CURVE keys and, closed, the stop.
 Keys: with --keys-dir (the learner's `asyncvla keygen` folder, transport.keys_dir) host i gets
 client bundle i (KEYS/clients/client_00i) through its ssh channel; the supervisor writes it to
 RUN/actors/HOST/keys (folder 0700, files 0600) and deletes it when it stops. Without keys the
-transport is plain TCP: use it only on a network you trust (README: Scaling out).
+transport is plain TCP: use it only on a network you trust (README: Scaling out), and the learner
+admits only holders of its run's join secret: `asyncvla train` sends it down each channel, and a
+fleet started by hand takes $ASYNCVLA_JOIN_SECRET or RUN_DIR/join_secret (--run-dir the learner's
+run directory).
 
 Stopping: Ctrl-C (or SIGTERM) closes every host's channel; each supervisor stops its actors
 (SIGTERM, SIGKILL after 10 s) and exits, and a host whose ssh has not ended after 15 s is cut off.
@@ -134,8 +137,9 @@ class Fleet:
     """One ssh per host running its supervisor; their lines relayed here with the host's name."""
 
     def __init__(self, hosts: list[Host], learner: str, run_dir: Path, keys_dir: str | None = None,
-                 max_restarts: int = 5, placement: str = "all", out=None, make_missing_keys: bool = False):
-        self.hosts, self.out = hosts, out or sys.stdout
+                 max_restarts: int = 5, placement: str = "all", out=None, make_missing_keys: bool = False,
+                 join_secret: str | None = None):
+        self.hosts, self.out, self.join_secret = hosts, out or sys.stdout, join_secret
         bundles = client_bundles(keys_dir, len(hosts), make_missing_keys) if keys_dir else [None] * len(hosts)
         self.keys = {h.name: _bundle_files(b) for h, b in zip(hosts, bundles)}
         env = remote_env()
@@ -154,8 +158,9 @@ class Fleet:
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=lambda: die_with_parent(me))
             self.procs[h.name], self.heard[h.name] = proc, False
-            try:            # the first line the supervisor reads: this host's keys (or none)
-                proc.stdin.write((json.dumps({"keys": self.keys[h.name]}) + "\n").encode())
+            first = {"keys": self.keys[h.name], **({"join_secret": self.join_secret} if self.join_secret else {})}
+            try:            # the first line the supervisor reads: this host's keys (or none), the join secret
+                proc.stdin.write((json.dumps(first) + "\n").encode())
                 proc.stdin.flush()
             except OSError:
                 pass        # (ssh already gone: poll() names the host)
@@ -221,6 +226,15 @@ class Fleet:
         self.poll()
 
 
+def _join_secret(run_dir: Path) -> str | None:
+    """The learner's join secret for a fleet started by hand: $ASYNCVLA_JOIN_SECRET, else the run
+    directory's own when --run-dir is the learner's (None: the learner uses CURVE keys)."""
+    from asyncvla.common.auth import JOIN_SECRET_FILE, join_secret_from_env, read_join_secret
+    if join_secret_from_env():
+        return join_secret_from_env()
+    return read_join_secret(run_dir) if (run_dir / JOIN_SECRET_FILE).is_file() else None
+
+
 def _bundle_files(bundle: Path | None) -> dict[str, str]:
     if bundle is None:
         return {}
@@ -249,7 +263,7 @@ def run(args) -> int:
             raise HostfileError(f"--per-host={args.per_host} must be >= 1")
         hosts = read_hostfile(args.hostfile, args.per_host)
         fleet = Fleet(hosts, args.learner, Path(args.run_dir).resolve(), args.keys_dir, args.max_restarts,
-                      args.placement)
+                      args.placement, join_secret=_join_secret(Path(args.run_dir)))
     except HostfileError as e:
         print(f"asyncvla actors: {e}", file=sys.stderr)
         return 2

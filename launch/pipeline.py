@@ -16,8 +16,8 @@ Stopping: each stage runs in a session of its own, and Ctrl-C (or SIGTERM) to th
 passed on to it once per press, so the stage stops as it would on its own Ctrl-C (RL: final
 checkpoint, then exit 130; a second press kills it) and is never killed from here. RL counts as
 done only when `asyncvla train` exits 0, which it does only when the run ended by its budget.
-Exit codes: 0 done (the summary printed); 130 interrupted, after one line saying where ("the same
-command continues"); 1 a stage failed; 2 a bad config.
+Exit codes: 0 done (the summary printed); 130 / 143 interrupted by SIGINT / SIGTERM, after one line
+saying where ("the same command continues"); 1 a stage failed; 2 a bad config.
 """
 
 from __future__ import annotations
@@ -158,8 +158,8 @@ def _rl_step(run_dir: Path):
 
 
 def _stage(name: str, cmd: list[str], progress=None) -> int:
-    """Run one stage's command: 0 when it finished, 130 when it was interrupted (one line says
-    where), 1 when it failed. `progress()` names how far an interrupted stage got (RL: the
+    """Run one stage's command: 0 when it finished, 128 + the signal when it was interrupted (130
+    Ctrl-C, 143 SIGTERM; one line says where), 1 when it failed. `progress()` names how far an interrupted stage got (RL: the
     update its newest checkpoint holds)."""
     code, signals = _call(cmd)
     if signals or code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
@@ -167,7 +167,8 @@ def _stage(name: str, cmd: list[str], progress=None) -> int:
         where = f" at update {done or 0}" if progress is not None else ""
         print(f"asyncvla pipeline: interrupted during {name}{where}; the same command continues", file=sys.stderr,
               flush=True)
-        return 128 + signal.SIGINT
+        # 128 + the first signal that reached the pipeline (or its stage): 130 for Ctrl-C, 143 for SIGTERM
+        return 128 + (signals[0] if signals else code - 128)
     if code:
         print(f"asyncvla pipeline: '{' '.join(cmd[3:5])}' failed with exit code {code}", file=sys.stderr)
         return 1

@@ -51,6 +51,7 @@ import time
 from pathlib import Path
 
 from asyncvla.common import placement, preflight
+from asyncvla.common.auth import JOIN_SECRET_ENV, ensure_join_secret
 from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides, to_yaml
 from asyncvla.common.control import EVALUATOR_PREFIX
 from asyncvla.common.rundir import clear_end, read_actors, read_end, run_dir as run_dir_of_config
@@ -117,12 +118,15 @@ def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
               "logging.output_dir/logging.experiment_name: set logging.output_dir to a writable place",
               file=sys.stderr, flush=True)
         return 2
+    # Without CURVE keys, the processes it starts join with the run's secret, handed in their
+    # environment (a command line is visible to every user); the learner reads the same file.
+    secret = None if cfg.transport.keys_dir else ensure_join_secret(run_dir)
     try:
-        fleet = actor_fleet(cfg, run_dir)
+        fleet = actor_fleet(cfg, run_dir, secret)
     except HostfileError as e:
         print(f"asyncvla: cannot start: launch.actor_hostfile: {e}", file=sys.stderr, flush=True)
         return 2
-    children = Children()
+    children = Children({JOIN_SECRET_ENV: secret} if secret else {})
     stop = StopRequests()
     clear_end(run_dir)               # (the previous learner's record must not speak for this one)
     # (each learner rank pins itself to its slice: learner/main.py; an actor applies what it is given)
@@ -154,6 +158,9 @@ def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
                 if time.time() - fleet_gone_at > FLEET_GONE_S:
                     print("asyncvla: every actor host has ended and no local actor runs; stopping the run",
                           file=sys.stderr, flush=True)
+                    ended = end_learner(cfg, learner, children, stop, stop_grace_s)
+                    print(f"asyncvla: {resume_hint(run_dir) if ended else KILLED_HINT.format(run_dir=run_dir)}",
+                          file=sys.stderr, flush=True)
                     return 1
             if evaluator is not None and not stop.count:
                 evaluator.check()
@@ -180,7 +187,10 @@ def launch(cfg: Config, stop_grace_s: float = STOP_GRACE_S) -> int:
                 remote = remote_actors(run_dir)
                 if not remote:             # nothing left to feed the learner
                     print("asyncvla: every local actor has ended, no actor fleet runs and no remote actor is "
-                          f"registered; stopping the run (see the actor errors above); {resume_hint(run_dir)}",
+                          "registered; stopping the run (see the actor errors above)", file=sys.stderr, flush=True)
+                    # (its final checkpoint first: the last words name what the learner recorded)
+                    ended = end_learner(cfg, learner, children, stop, stop_grace_s)
+                    print(f"asyncvla: {resume_hint(run_dir) if ended else KILLED_HINT.format(run_dir=run_dir)}",
                           file=sys.stderr, flush=True)
                     return 1
                 if not told_remote:
@@ -221,20 +231,8 @@ def stop_learner(cfg: Config, run_dir: Path, learner, actors: list, evaluator, c
           "Ctrl-C again to kill the run now)", file=sys.stderr, flush=True)
     if evaluator is not None:
         _signal_group(evaluator.proc, signal.SIGTERM)
-    deadline, asked = time.time() + grace_s, set()
-    while learner.poll() is None:
-        if stop.count > 1 or time.time() > deadline:
-            why = "a second stop request" if stop.count > 1 else f"the learner still running after {grace_s:g} s"
-            print(f"asyncvla: {why}: killing the run; resume from its last complete checkpoint with "
-                  f"--resume {run_dir}", file=sys.stderr, flush=True)
-            children.kill_all()
-            return 1
-        # (ranks may still be starting: each is asked once it catches SIGTERM, or it would die of it)
-        for pid in set(learner_ranks(learner.pid)) - asked:
-            if catches(pid, signal.SIGTERM):
-                _signal_pid(pid, signal.SIGTERM)
-                asked.add(pid)
-        time.sleep(0.2)
+    if not end_learner(cfg, learner, children, stop, grace_s, count=1):
+        return 1
     if learner.returncode != 0:
         print(f"asyncvla: the learner {exit_reason(learner.returncode)} while stopping; {resume_hint(run_dir)}",
               file=sys.stderr, flush=True)
@@ -252,6 +250,32 @@ def stop_learner(cfg: Config, run_dir: Path, learner, actors: list, evaluator, c
         print(f"asyncvla: stopped by {name} {where}; final checkpoint {end['checkpoint']}; it holds step "
               f"{end['checkpoint_step']}; to continue, run the same command with --resume {run_dir}", flush=True)
     return 128 + stop.first
+
+
+KILLED_HINT = "resume from its last complete checkpoint with --resume {run_dir}"
+
+
+def end_learner(cfg: Config, learner, children, stop, grace_s: float, count: int | None = None) -> bool:
+    """Ask the learner ranks to stop (SIGTERM: they finish their update, save, tell the actors and
+    write their end record) and wait until the learner has exited: True. Kills the run instead
+    (False, after one line) on a further stop request (beyond `count`, the requests so far) or
+    when the learner is still running after `grace_s`."""
+    count = stop.count if count is None else count
+    deadline, asked = time.time() + grace_s, set()
+    while learner.poll() is None:
+        if stop.count > count or time.time() > deadline:
+            why = "a second stop request" if stop.count > count else f"the learner still running after {grace_s:g} s"
+            print(f"asyncvla: {why}: killing the run; {KILLED_HINT.format(run_dir=run_dir_of_config(cfg))}",
+                  file=sys.stderr, flush=True)
+            children.kill_all()
+            return False
+        # (ranks may still be starting: each is asked once it catches SIGTERM, or it would die of it)
+        for pid in set(learner_ranks(learner.pid)) - asked:
+            if catches(pid, signal.SIGTERM):
+                _signal_pid(pid, signal.SIGTERM)
+                asked.add(pid)
+        time.sleep(0.2)
+    return True
 
 
 def finished(run_dir: Path) -> int:
@@ -315,7 +339,7 @@ class Evaluator:
                   "(training goes on; `asyncvla eval` evaluates a checkpoint)", file=sys.stderr, flush=True)
 
 
-def actor_fleet(cfg: Config, run_dir: Path):
+def actor_fleet(cfg: Config, run_dir: Path, join_secret: str | None = None):
     """launch.actor_hostfile's fleets (launch/fleet.py), not started yet, or None. With CURVE keys
     each host gets a client bundle of transport.keys_dir: missing ones are made here, before the
     learner starts (it reads its authorized clients once)."""
@@ -324,7 +348,7 @@ def actor_fleet(cfg: Config, run_dir: Path):
     from asyncvla.launch.fleet import Fleet, read_hostfile
     return Fleet(read_hostfile(cfg.launch.actor_hostfile), f"tcp://{_fleet_host(cfg)}:{cfg.transport.control_port}",
                  run_dir, cfg.transport.keys_dir, cfg.launch.max_actor_restarts if cfg.launch.restart_actors else 0,
-                 str(cfg.launch.placement.actors), make_missing_keys=True)
+                 str(cfg.launch.placement.actors), make_missing_keys=True, join_secret=join_secret)
 
 
 def _fleet_host(cfg: Config) -> str:
@@ -342,17 +366,27 @@ def newest_checkpoint(run_dir: Path) -> tuple[Path, int] | None:
 
 
 def resume_hint(run_dir: Path) -> str:
-    """Where a resume continues: the checkpoint the learner recorded as its branch's newest, else
-    the run's newest complete one."""
+    """Where to continue, as the learner recorded it (RUN/learner_end.json; call it once the
+    learner has exited): the checkpoint holding its branch's newest step, or after a checkpoint it
+    refused to load, the earlier one it named instead; `--resume RUN` where that is what RUN
+    resolves to, else that checkpoint itself. Only a learner that left no record (killed before
+    it could write one) is answered from the checkpoints on disk, and the line says so."""
     end = read_end(run_dir)
-    if end is not None and end["checkpoint"]:
-        return (f"newest complete checkpoint: {end['checkpoint']}; it holds step {end['checkpoint_step']}; "
-                f"to continue from it: --resume {run_dir}")
-    latest = newest_checkpoint(run_dir)
-    if latest is None:
-        return "no complete checkpoint to resume from"
-    return (f"newest complete checkpoint: {latest[0]}; it holds step {latest[1]}; to continue from it: "
-            f"--resume {run_dir}")
+    if end is None:
+        latest = newest_checkpoint(run_dir)
+        if latest is None:
+            return "the learner left no end record, and no complete checkpoint is on disk"
+        return (f"the learner left no end record; newest complete checkpoint: {latest[0]}; it holds step "
+                f"{latest[1]}; to continue from it: --resume {run_dir}")
+    if not end["checkpoint"]:
+        return "the learner recorded no checkpoint to resume from"
+    tag, latest = Path(end["checkpoint"]), newest_checkpoint(run_dir)
+    if latest is not None and latest[0].resolve() == tag.resolve():
+        return (f"newest complete checkpoint: {tag}; it holds step {end['checkpoint_step']}; to continue from it: "
+                f"--resume {run_dir}")
+    return (f"the checkpoint to resume from, as the learner recorded it: {tag}; it holds step "
+            f"{end['checkpoint_step']} (a newer one on disk is not on its branch, or was refused); to continue "
+            f"from it: --resume {tag}")
 
 
 def learner_ranks(runner_pid: int) -> list[int]:
@@ -392,12 +426,13 @@ class Children:
     """Child processes, each in its own session so a stop reaches its whole tree, each sent
     SIGTERM by the kernel if the launcher dies (and every process below told the launcher's pid)."""
 
-    def __init__(self):
+    def __init__(self, env: dict | None = None):
         self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.env = dict(env or {})          # given to every child (the run's join secret)
 
     def start(self, name: str, cmd: list[str], extra_env: dict | None = None) -> subprocess.Popen:
         me = os.getpid()
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **{LAUNCHER_PID_ENV: str(me)}, **(extra_env or {}))
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{LAUNCHER_PID_ENV: str(me)}, **self.env, **(extra_env or {}))
         proc = subprocess.Popen(cmd, start_new_session=True, env=env, preexec_fn=lambda: die_with_parent(me))
         self.procs.append((name, proc))
         return proc

@@ -78,7 +78,14 @@ FIXED_ON_RESUME = ("policy.backbone", "policy.image_size", "policy.action_dim", 
 
 
 class CheckpointError(ConfigError):
-    """A checkpoint that cannot be resumed, phrased for the user: which one, why, what to do."""
+    """A checkpoint that cannot be resumed, phrased for the user: which one, why, what to do.
+    `refused`: a checkpoint found unusable as it loaded (damaged, non-finite), and `instead` the
+    newest complete one saved before it (None: none), which the learner records as the one to
+    resume from; both None when the problem lies in the config, not in the checkpoint."""
+
+    def __init__(self, message: str, refused: Path | None = None, instead: Path | None = None):
+        super().__init__(message)
+        self.refused, self.instead = refused, instead
 
 
 def tag_name(step: int) -> str:
@@ -501,7 +508,8 @@ def load(engine, ckpt_dir, load_optimizer: bool = True, config=None) -> dict:
         problem = f"checkpoint '{tag_dir}' could not be loaded: {type(e).__name__}: {e}"
     else:
         problem = _check_loaded(engine, tag_dir, path, state, load_optimizer)
-    _agree(problem)          # (each rank holds its own part of the weights and optimizer state)
+    # (each rank holds its own part of the weights and optimizer state)
+    _agree(problem, refused=tag_dir)
     client = state[CLIENT_KEY]
     # Checkpoints written before RNG_KEY existed hold the learner's generators (rank 0's) in "rng".
     own = (state.get(RNG_KEY) or {}).get(dist.get_rank(), client.get("rng"))
@@ -511,16 +519,17 @@ def load(engine, ckpt_dir, load_optimizer: bool = True, config=None) -> dict:
     return client
 
 
-def _agree(problem: str | None) -> None:
+def _agree(problem: str | None, refused: Path | None = None) -> None:
     """Raise CheckpointError on every rank when any rank has a problem (the first one's), so that
-    all take the same branch (a collective: all ranks call it)."""
+    all take the same branch (a collective: all ranks call it); with `refused`, the problem makes
+    that checkpoint unusable, and the error names the one to resume from instead."""
     import torch.distributed as dist
 
     problems = [None] * dist.get_world_size()
     dist.all_gather_object(problems, problem)
     problem = next((p for p in problems if p), None)
     if problem:
-        raise CheckpointError(problem)
+        raise CheckpointError(problem, refused, _earlier_complete(refused) if refused is not None else None)
 
 
 def _check_loaded(engine, tag_dir: Path, path, state, optimizer: bool) -> str | None:

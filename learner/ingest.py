@@ -17,7 +17,7 @@ MAX_SEQ_JUMP past its stream's highest is a lying counter: dropped as invalid "b
 and the stream keeps its place (else every later segment would look like a replay).
 
 Accounting (`Inbox.accounting`): each segment a rank acked ends in exactly one place, so that
-    acked = trained + dropped (invalid by reason, stale, future_version, duplicate) + buffered
+    acked = trained + dropped (invalid by reason, stale, future_version, duplicate, banned) + buffered
 holds at every moment (invalid: the receiver's refusals and the inbox's bad counters). A segment
 counts as trained once its last column went into a batch; one partly trained when the lag rule
 drops its remaining columns counts as dropped "stale" (its trained columns are in the column
@@ -47,6 +47,7 @@ class Batch:
     versions: np.ndarray           # [N] policy version that produced each column
     final_index: np.ndarray        # [n, 2] (t, column) of truncated steps
     finals: dict                   # final_* arrays, [n, ...]
+    actors: list = field(default_factory=list)     # [N] the actor id that sent each column
 
     @property
     def num_columns(self) -> int:
@@ -63,11 +64,11 @@ class ColumnBuffer:
     dropped: Counter = field(default_factory=Counter)
     trained: int = 0
     column_counts: Counter = field(default_factory=Counter)
-    _queue: deque = field(default_factory=deque)   # (segment arrays, version, first unused column)
+    _queue: deque = field(default_factory=deque)   # (segment arrays, version, first unused column, actor)
     _columns: int = 0
 
-    def add(self, arrays: dict, version: int) -> None:
-        self._queue.append([arrays, version, 0])
+    def add(self, arrays: dict, version: int, actor: str = "") -> None:
+        self._queue.append([arrays, version, 0, actor])
         self._columns += arrays["terminated"].shape[1]
         self.column_counts["added"] += arrays["terminated"].shape[1]
 
@@ -76,7 +77,7 @@ class ColumnBuffer:
         so a stale segment may sit behind a fresh one: the whole queue is checked)."""
         keep = deque()
         for entry in self._queue:
-            arrays, version, start = entry
+            arrays, version, start, _ = entry
             if current_version - version > self.max_policy_lag:
                 self._columns -= arrays["terminated"].shape[1] - start
                 self.column_counts["dropped"] += arrays["terminated"].shape[1] - start
@@ -99,10 +100,10 @@ class ColumnBuffer:
         parts = []
         while n > 0:
             entry = self._queue[0]
-            arrays, version, start = entry
+            arrays, version, start, actor = entry
             avail = arrays["terminated"].shape[1] - start
             k = min(n, avail)
-            parts.append((arrays, version, start, start + k))
+            parts.append((arrays, version, start, start + k, actor))
             if k == avail:
                 self._queue.popleft()
                 self.trained += 1
@@ -115,12 +116,14 @@ class ColumnBuffer:
 
 
 def concat_columns(parts) -> Batch:
-    """Concatenate column ranges [lo, hi) of several segments along the column axis."""
+    """Concatenate column ranges [lo, hi) of several segments along the column axis; parts are
+    (arrays, version, lo, hi, actor id)."""
     keys = [k for k in TIME_MAJOR_FIELDS if k in parts[0][0]]
-    arrays = {k: np.concatenate([a[k][:, lo:hi] for a, _, lo, hi in parts], axis=1) for k in keys}
-    versions = np.concatenate([np.full(hi - lo, v, np.int64) for _, v, lo, hi in parts])
+    arrays = {k: np.concatenate([a[k][:, lo:hi] for a, _, lo, hi, _ in parts], axis=1) for k in keys}
+    versions = np.concatenate([np.full(hi - lo, v, np.int64) for _, v, lo, hi, _ in parts])
+    actors = [actor for _, _, lo, hi, actor in parts for _ in range(hi - lo)]
     final_index, finals, offset = [], {k: [] for k in FINAL_FIELDS}, 0
-    for a, _, lo, hi in parts:
+    for a, _, lo, hi, _ in parts:
         idx = a["final_index"]
         keep = (idx[:, 1] >= lo) & (idx[:, 1] < hi) if len(idx) else np.zeros(0, bool)
         if keep.any():
@@ -133,7 +136,7 @@ def concat_columns(parts) -> Batch:
         offset += hi - lo
     finals = {k: np.concatenate(v) for k, v in finals.items() if v}
     fi = np.concatenate(final_index) if final_index else np.zeros((0, 2), np.int64)
-    return Batch(arrays=arrays, versions=versions, final_index=fi, finals=finals)
+    return Batch(arrays=arrays, versions=versions, final_index=fi, finals=finals, actors=actors)
 
 
 class SeenSegments:
@@ -200,8 +203,9 @@ class Inbox:
     buffered (False if `stop` was set first); `take(n)` then returns them as a Batch. Each
     received segment goes to `on_segment(segment, lag)` (metrics). `drops` counts dropped
     segments by reason: stale, future_version (made by a learner run this one never was, e.g.
-    before a restart), duplicate (taken before: `SeenSegments`) and invalid (refused by the
-    receiver's checks, or a seq beyond MAX_SEQ_JUMP: `bad_counter`). `seq_gaps`: segments
+    before a restart), duplicate (taken before: `SeenSegments`), invalid (refused by the
+    receiver's checks, or a seq beyond MAX_SEQ_JUMP: `bad_counter`) and banned (from an actor
+    `ban` names). `seq_gaps`: segments
     missing from the actors' sequences (see `SeenSegments`; counted only with `count_gaps`, i.e.
     when this is the only rank).
 
@@ -218,7 +222,8 @@ class Inbox:
         self.watchdog = watchdog
         self.seen = SeenSegments(count_gaps=count_gaps)
         self._drop_log = DropLog("learner inbox", noun="segment(s) dropped")
-        self._stale = self._future = self._duplicate = 0
+        self._stale = self._future = self._duplicate = self._banned = 0
+        self.banned: set[str] = set()          # actors whose segments are refused (`ban`)
         self._invalid: Counter = Counter()     # refused here (the receiver counts its own)
         self._width = 1                  # columns (envs) per segment, as the last one had
 
@@ -235,6 +240,11 @@ class Inbox:
             need = -(-(n - self.buffer.columns) // self._width)
             for seg in self.receiver.recv_many(need, timeout_ms=200):
                 self._width = seg.meta["num_envs"]
+                if seg.meta["actor_id"] in self.banned:
+                    self._banned += 1
+                    self._drop_log("banned", f"segment of actor {seg.meta['actor_id'][:40]!r}, banned for "
+                                             "poisoning updates")
+                    continue
                 why = self.seen.admit(stream_of(seg.meta), seg.meta["seq"])
                 if why is not None:
                     self._count(why, seg.meta)
@@ -246,7 +256,7 @@ class Inbox:
                 elif lag < 0:
                     self._future += 1
                 else:
-                    self.buffer.add(seg.arrays, made_by)
+                    self.buffer.add(seg.arrays, made_by, seg.meta["actor_id"])
                     if self.on_segment is not None:
                         self.on_segment(seg, lag)
 
@@ -263,12 +273,17 @@ class Inbox:
     def take(self, n: int) -> Batch:
         return self.buffer.take(n)
 
+    def ban(self, actor_id: str) -> None:
+        """Refuse this actor's segments from now on (counted as dropped "banned"): its columns kept
+        making updates non-finite (learner.max_poisoned_columns)."""
+        self.banned.add(actor_id)
+
     @property
     def drops(self) -> dict[str, int]:
         """Dropped segments so far, by reason (running totals)."""
         invalid = sum(self.receiver.stats.get("invalid", {}).values()) + sum(self._invalid.values())
         return {"stale": self._stale + self.buffer.dropped["stale"], "future_version": self._future,
-                "duplicate": self._duplicate, "invalid": invalid}
+                "duplicate": self._duplicate, "invalid": invalid, "banned": self._banned}
 
     @property
     def seq_gaps(self) -> int:
@@ -291,6 +306,21 @@ class Inbox:
                            "dropped": buf.column_counts["dropped"], "buffered": buf.columns}}
         out["balanced"] = acked == buf.trained + sum(dropped.values()) + buf.segments
         return out
+
+
+class PoisonCounts:
+    """Columns dropped at update time as non-finite (learner/update.py), per actor: one that reaches
+    `limit` (learner.max_poisoned_columns; 0: never) is to be banned, once."""
+
+    def __init__(self, limit: int):
+        self.limit, self.counts, self.banned = limit, Counter(), set()
+
+    def add(self, actors) -> list[str]:
+        """Count these columns' actors; the ones that reach the limit now."""
+        self.counts.update(actors)
+        new = sorted(a for a, n in self.counts.items() if self.limit and n >= self.limit and a not in self.banned)
+        self.banned.update(new)
+        return new
 
 
 def rollout_plan(cfg, num_ranks: int, actor_envs: int) -> dict[str, int]:

@@ -14,6 +14,8 @@ Shapes. `advantages`, `values`, `old_values`, `value_targets` and `rhos` share o
 S + [M] (token, action or chunk log-probs); the advantage of a policy step is then broadcast over
 its M parts, each part gets its own clipped ratio, and the policy loss is the mean over all
 S×M elements (so every token/action counts equally). `entropy` is S or S + [M], averaged likewise.
+An optional `mask` of shape S (1 trains a policy step, 0 leaves it out: a column dropped as
+poisoned, or padding) turns every mean into one over the kept steps only.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def ppo_loss(new_logp: torch.Tensor, behavior_logp: torch.Tensor, advantages: to
              normalize_advantages: bool = True, advantage_scale: float = 1.0,
              advantage_stats: Optional[Tuple[float, float]] = None, policy_loss_type: str = "behavior_clip",
              prox_logp: Optional[torch.Tensor] = None,
-             behave_weight_threshold: float = 2.0) -> tuple[torch.Tensor, dict]:
+             behave_weight_threshold: float = 2.0,
+             mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict]:
     """Total loss = policy_loss + value_loss_coef·value_loss − entropy_bonus·mean(entropy).
 
     new_logp, values, entropy: from π_θ (with gradient). behavior_logp: log μ of the actor.
@@ -58,6 +61,9 @@ def ppo_loss(new_logp: torch.Tensor, behavior_logp: torch.Tensor, advantages: to
     would still push on it). The loss stays the mean over all elements.
     Value: 0.5·(V − v_s)² ("mse") or Huber with huber_delta (equal to mse for |V − v_s| ≤ delta).
     With value_clip, as in PPO2: max(loss(V), loss(V_old + clip(V − V_old, ±value_clip))).
+    mask (shape S, 0/1): only the steps it keeps count, in every mean and in the advantages' own
+    normalisation; with none kept the loss is 0 (and still carries a graph). The masked steps'
+    inputs must be finite (0 times NaN is NaN).
     Returns (loss, stats) with the stats as python floats.
     """
     _check_loss_args(ratio_clip_eps, clip_ratio_c, value_loss_type, huber_delta, value_clip,
@@ -69,13 +75,19 @@ def ppo_loss(new_logp: torch.Tensor, behavior_logp: torch.Tensor, advantages: to
         raise ValueError(f"ppo_loss: the decoupled loss needs prox_logp shaped like new_logp "
                          f"{tuple(new_logp.shape)}, got {None if prox_logp is None else tuple(prox_logp.shape)}")
 
+    if mask is not None and mask.shape != advantages.shape:
+        raise ValueError(f"ppo_loss: mask {tuple(mask.shape)} must match advantages {tuple(advantages.shape)}")
+    keep = torch.ones_like(advantages) if mask is None else mask.detach().to(advantages.dtype)
     adv = advantages.detach()
     if normalize_advantages:
-        mean, std = advantage_stats if advantage_stats is not None else (adv.mean(), adv.std(unbiased=False))
+        mean, std = advantage_stats if advantage_stats is not None else masked_mean_std(adv, keep)
         adv = (adv - mean) / (std + 1e-8)
     adv = adv * advantage_scale
-    if new_logp.dim() == adv.dim() + 1:
+    per_part = new_logp.dim() == adv.dim() + 1
+    if per_part:
         adv = adv.unsqueeze(-1)           # one advantage per policy step, shared by its M parts
+    kept = keep.unsqueeze(-1).expand_as(new_logp) if per_part else keep       # per element
+    entropy_keep = keep.unsqueeze(-1).expand_as(entropy) if entropy.dim() == keep.dim() + 1 else keep
 
     anchor = prox_logp.detach() if decoupled else behavior_logp.detach()
     log_ratio = (new_logp - anchor).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
@@ -86,36 +98,56 @@ def ppo_loss(new_logp: torch.Tensor, behavior_logp: torch.Tensor, advantages: to
     if decoupled:
         log_w = (prox_logp.detach() - behavior_logp.detach()).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
         w = torch.exp(log_w)
-        kept = w <= behave_weight_threshold
-        pg = torch.where(kept, w * pg, torch.zeros_like(pg))
-    policy_loss = pg.mean()
+        in_weight = w <= behave_weight_threshold
+        pg = torch.where(in_weight, w * pg, torch.zeros_like(pg))
+    policy_loss = _mean(pg, kept)
 
     value_loss = _value_loss(values, old_values.detach(), value_targets.detach(), value_loss_type,
-                             huber_delta, value_clip)
-    entropy_mean = entropy.mean()
+                             huber_delta, value_clip, keep)
+    entropy_mean = _mean(entropy, entropy_keep)
     loss = policy_loss + value_loss_coef * value_loss - entropy_bonus * entropy_mean
 
     with torch.no_grad():
+        k64 = keep.double()
         vt = value_targets.detach().double()
-        var_vs = vt.var(unbiased=False)
+        var_vs = masked_mean_std(vt, k64)[1] ** 2
+        kept_ratio = ratio.detach()[kept.bool()] if mask is not None else ratio.detach()
+        kept_log_ratio = log_ratio.detach()[kept.bool()] if mask is not None else log_ratio.detach()
         stats = {
             "policy_loss": policy_loss.item(),
             "value_loss": value_loss.item(),
             "entropy": entropy_mean.item(),
-            "approx_kl": ((ratio - 1) - log_ratio).mean().item(),          # k3 estimator of KL(μ‖π)
-            "clip_fraction": ((ratio - 1).abs() > ratio_clip_eps).float().mean().item(),
-            "ratio_mean": ratio.mean().item(),
-            "ratio_max": ratio.max().item(),
-            "rho_mean": rhos.double().mean().item(),
-            "rho_clipped_fraction": (rhos > rho_bar).float().mean().item(),
+            "approx_kl": _mean_or_nan((kept_ratio - 1) - kept_log_ratio),         # k3 estimator of KL(μ‖π)
+            "clip_fraction": _mean_or_nan(((kept_ratio - 1).abs() > ratio_clip_eps).float()),
+            "ratio_mean": _mean_or_nan(kept_ratio),
+            "ratio_max": kept_ratio.max().item() if kept_ratio.numel() else 1.0,
+            "rho_mean": _mean(rhos.double(), k64).item(),
+            "rho_clipped_fraction": _mean((rhos > rho_bar).double(), k64).item(),
             # 1 − Var[v_s − V]/Var[v_s]: 1 perfect, 0 no better than a constant; nan if v_s is constant
-            "explained_variance": (1.0 - (vt - values.detach().double()).var(unbiased=False) / var_vs).item()
+            "explained_variance": (1.0 - masked_mean_std(vt - values.detach().double(), k64)[1] ** 2 / var_vs).item()
             if var_vs > 0 else math.nan,
         }
         if decoupled:    # how far the data's behaviour policy is from π_prox, and what was masked
-            stats["behav_approx_kl"] = ((w - 1) - log_w).mean().item()
-            stats["behav_clip_fraction"] = (~kept).float().mean().item()
+            stats["behav_approx_kl"] = _mean(((w - 1) - log_w).detach(), kept).item()
+            stats["behav_clip_fraction"] = _mean((~in_weight).float(), kept).item()
     return loss, stats
+
+
+def masked_mean_std(x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and (biased) std of the elements of `x` where `keep` (same shape, 0/1) is 1; (0, 0)
+    when none is."""
+    n = keep.sum().clamp(min=1)
+    mean = (x * keep).sum() / n
+    return mean, (((x - mean) ** 2 * keep).sum() / n).sqrt()
+
+
+def _mean(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The mean of x over the kept elements (0 when none is)."""
+    return (x * keep).sum() / keep.sum().clamp(min=1)
+
+
+def _mean_or_nan(x: torch.Tensor) -> float:
+    return x.mean().item() if x.numel() else math.nan
 
 
 def ppo_loss_from_config(alg, **tensors) -> tuple[torch.Tensor, dict]:
@@ -128,7 +160,7 @@ def ppo_loss_from_config(alg, **tensors) -> tuple[torch.Tensor, dict]:
                     policy_loss_type=alg.policy_loss, behave_weight_threshold=alg.behave_weight_threshold)
 
 
-def _value_loss(values, old_values, targets, kind, huber_delta, value_clip) -> torch.Tensor:
+def _value_loss(values, old_values, targets, kind, huber_delta, value_clip, keep) -> torch.Tensor:
     def per_element(v):
         if kind == "huber":
             return F.huber_loss(v, targets, reduction="none", delta=huber_delta)
@@ -138,7 +170,7 @@ def _value_loss(values, old_values, targets, kind, huber_delta, value_clip) -> t
     if value_clip is not None:
         clipped = old_values + (values - old_values).clamp(-value_clip, value_clip)
         loss = torch.maximum(loss, per_element(clipped))
-    return loss.mean()
+    return _mean(loss, keep)
 
 
 def _check_loss_args(ratio_clip_eps, clip_ratio_c, value_loss_type, huber_delta, value_clip,

@@ -36,14 +36,16 @@ import torch.distributed as dist
 
 from asyncvla.common import placement, transport
 from asyncvla.common.allocator import keep_freed_buffers
+from asyncvla.common.auth import ensure_join_secret
 from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides, to_dict, to_yaml
 from asyncvla.common.policy import VLAPolicy
 from asyncvla.common.protocol import SegmentSpec
 from asyncvla.common.rundir import CHECKPOINTS, LEARNER_END, run_dir as run_dir_of_config, write_end
 from asyncvla.common.signals import stop_on_signals
+from asyncvla.common.sockets import printable
 from asyncvla.common.trackers import open_trackers
 from asyncvla.learner import checkpoint, engine as ds_engine
-from asyncvla.learner.ingest import Inbox, rollout_plan
+from asyncvla.learner.ingest import Inbox, PoisonCounts, rollout_plan
 from asyncvla.learner.metrics import Metrics, TargetWatch, group, write_accounting
 from asyncvla.learner.publish import EmaPublisher, Publisher, trainable_finite
 from asyncvla.learner.starvation import Roster, StarvationWatch, wait_for_actors
@@ -77,7 +79,13 @@ def run(cfg: Config) -> int:
     run_dir, resume_from = run_dir_of_config(cfg), _resume_point(cfg)
     _check_writable(run_dir / CHECKPOINTS)
     engine, policy_dir = _build_engine(cfg, run_dir, cols, device)
-    step, version, env_steps, ema, value_norm = _restore(engine, resume_from, cfg, rank)
+    try:
+        step, version, env_steps, ema, value_norm = _restore(engine, resume_from, cfg, rank)
+    except checkpoint.CheckpointError as e:
+        if rank == 0:     # what to resume from instead, for the launcher's last words
+            tag = e.instead if e.refused is not None else resume_from
+            _write_end(run_dir, "failed", 0, tag, None if tag is None else checkpoint.read_marker(tag)["step"])
+        raise SystemExit(f"asyncvla learner: {e}")
     start_step = step
     metrics = Metrics(open_trackers(cfg, run_dir, "learner") if rank == 0 else None, cfg.learner.max_steps,
                       cfg.logging.progress, start_step=step, env_steps=env_steps, eval_dir=run_dir / "eval",
@@ -107,6 +115,7 @@ def run(cfg: Config) -> int:
     publish_s = publisher.publish(engine, version, step) if resume_from is None else publisher.republish(version, step)
 
     guard, save_failures = FiniteGuard(cfg.learner.max_nonfinite_steps), 0
+    poison = PoisonCounts(cfg.learner.max_poisoned_columns)
     failure, stopped = None, False    # why the run ends non-zero; whether a signal ended it
     saved_at = start_step             # the step of the newest checkpoint of this run's branch ...
     saved_tag = resume_from           # ... and that checkpoint (None: nothing saved yet)
@@ -126,6 +135,7 @@ def run(cfg: Config) -> int:
         batch = inbox.take(cols)
         try:
             stats = update(engine, batch, cfg, device, step, guard, value_norm)
+            poisoned_by = stats.pop("poisoned_by")
             step += 1
             publish_now = step % cfg.learner.publish_interval == 0
             save_now = bool(cfg.checkpoint.save_interval) and step % cfg.checkpoint.save_interval == 0
@@ -146,6 +156,9 @@ def run(cfg: Config) -> int:
                    "system/seq_gaps": inbox.seq_gaps}
         report = metrics.report(step, scalars, inbox.drops, samples=cols * cfg.actor.rollout_length * world,
                                 device=device, time_up=_time_up(cfg, started), rank0_only=_server_figures(servers))
+        if report["system/poisoned_columns"]:         # (every rank sees the sum: all gather who sent them)
+            _ban_poisoners(poison.add(a for ids in _all_gather(poisoned_by) for a in ids), step, inbox, servers,
+                           cfg.learner.max_poisoned_columns)
         if save_now:
             tag = _save(engine, run_dir, step, version, metrics.env_steps, ema, value_norm, cfg)
             if tag is None:
@@ -231,10 +244,7 @@ def _restore(engine, resume_from, cfg: Config, rank: int):
     value_norm = ValueNorm(cfg.algorithm.value_norm_decay) if cfg.algorithm.value_norm else None
     if resume_from is None:
         return 0, 0, 0, ema, value_norm
-    try:
-        state = checkpoint.load(engine, resume_from, config=cfg)
-    except checkpoint.CheckpointError as e:
-        raise SystemExit(f"asyncvla learner: {e}")
+    state = checkpoint.load(engine, resume_from, config=cfg)      # (CheckpointError: the caller's)
     if ema is not None:
         ema.load_state_dict(state["ema"])
     if value_norm is not None and state.get("value_norm"):   # (none in a run saved without it: start anew)
@@ -258,8 +268,10 @@ def _serve(cfg: Config, run_dir: Path, policy_dir: Path, endpoints: list, world:
         return {"config": to_dict(cfg), "trajectory_endpoints": endpoints, "weights_endpoint": weights.endpoint,
                 "weight_version": version_fn(), "policy": {"path": str(policy_dir.resolve())},
                 "rollout": rollout_plan(cfg, world, hello["num_envs"] or cfg.actor.num_envs)}
+    # Without CURVE keys only holders of the run's join secret may say hello (common/auth.py).
+    secret = None if cfg.transport.keys_dir else ensure_join_secret(run_dir)
     control = transport.ControlServer(cfg.transport, welcome_fn=welcome, policy_dir=str(policy_dir),
-                                      auth_key=auth_key)
+                                      auth_key=auth_key, join_secret=secret)
     log.info("run dir %s; actors join at %s", run_dir, control.endpoint)
     return control, weights
 
@@ -351,6 +363,18 @@ def _segment_spec(cfg: Config, tokenizer) -> SegmentSpec:
                        vocab_size=tokenizer.vocab_size, first_action_id=tokenizer.first_id,
                        max_abs_reward=cfg.learner.max_abs_reward, max_episode_steps=cfg.env.max_episode_steps,
                        flow_steps=p.flow.num_steps if p.action_head == "flow" else 0, action_dim=p.action_dim)
+
+
+def _ban_poisoners(actors: list[str], step: int, inbox: Inbox, servers, limit: int) -> None:
+    """Refuse from now on the segments (every rank) and requests (rank 0) of these actors: their
+    columns kept coming out non-finite (learner.max_poisoned_columns)."""
+    for actor in actors:
+        inbox.ban(actor)
+        if servers:
+            servers[0].ban(actor)
+            log.warning("update %d: actor %s banned: its columns came out non-finite in updates %d times "
+                        "(learner.max_poisoned_columns); its segments and requests are refused from now on",
+                        step, printable(actor), limit)
 
 
 def _check_alive(servers) -> None:

@@ -33,12 +33,13 @@ GROUPS = {
     "clip_fraction": "train/actor", "ratio_mean": "train/actor", "ratio_max": "train/actor",
     "rho_mean": "train/actor", "rho_clipped_fraction": "train/actor", "grad_norm": "train/actor",
     "lr": "train/actor", "behav_approx_kl": "train/actor", "behav_clip_fraction": "train/actor",
-    "value_loss": "train/critic", "explained_variance": "train/critic",
+    "value_loss": "train/critic", "explained_variance": "train/critic", "poisoned_columns": "system",
 }
 
 # How a scalar combines over ranks: summed counts, maxima; everything else is the ranks' mean.
 SUMMED = ("segments", "lag_sum", "episodes", "return_sum", "length_sum", "success_sum", "env_steps",
-          "dropped_stale", "dropped_future_version", "dropped_duplicate", "dropped_invalid", "system/seq_gaps")
+          "dropped_stale", "dropped_future_version", "dropped_duplicate", "dropped_invalid", "dropped_banned",
+          "system/seq_gaps", "system/poisoned_columns")
 # (every rank sees the same skipped steps and failed saves: the ranks agree on both)
 MAXED = ("lag_max", "train/actor/ratio_max", "actors_seen", "time_up", "system/nonfinite_steps",
          "system/checkpoint_failures")
@@ -248,8 +249,8 @@ def write_accounting(run_dir, step: int, inbox, servers=(), **counts) -> Path:
         log.warning("segment accounting not written to %s: %s", path, e)
     d = record["dropped"]
     log.info("segments (rank %d, step %d): acked %d = trained %d + dropped %d (invalid %d, stale %d, "
-             "future_version %d, duplicate %d) + buffered %d%s; %d missing from the actors' sequences", rank,
-             step, record["acked"], record["trained"], sum(d.values()), d["invalid"], d["stale"],
-             d["future_version"], d["duplicate"], record["buffered"],
+             "future_version %d, duplicate %d, banned %d) + buffered %d%s; %d missing from the actors' sequences",
+             rank, step, record["acked"], record["trained"], sum(d.values()), d["invalid"], d["stale"],
+             d["future_version"], d["duplicate"], d["banned"], record["buffered"],
              "" if record["balanced"] else "  UNBALANCED", record["seq_gaps"])
     return path

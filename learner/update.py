@@ -20,7 +20,7 @@ from asyncvla.common.config import Config
 from asyncvla.common.policy import reduce_logprobs
 from asyncvla.common.protocol import FLOW_FIELDS, OBS_FIELDS, final_field
 from asyncvla.learner.ingest import Batch
-from asyncvla.learner.loss import ppo_loss_from_config
+from asyncvla.learner.loss import masked_mean_std, ppo_loss_from_config
 from asyncvla.learner.sft_data import random_shift
 from asyncvla.learner.value_norm import ValueNorm
 from asyncvla.learner.vtrace import bootstrap_truncated, chunk_rewards, vtrace
@@ -40,12 +40,35 @@ def update(engine, batch: Batch, cfg: Config, device: torch.device, step: int = 
     """Targets without gradient, then `update_epochs` passes of PPO over `num_minibatches`
     minibatches. `step` (the number of updates before this one) seeds the minibatch order;
     `guard` sees every optimizer step (and raises NonFiniteError to stop the run); `value_norm`
-    (algorithm.value_norm) is updated with this batch's targets."""
+    (algorithm.value_norm) is updated with this batch's targets.
+
+    Defence in depth: a column whose log-probs, values or targets come out non-finite (data that
+    passed validation yet overflows the policy) is dropped before the PPO epochs (`drop_columns`),
+    so the step stays finite and does not count as a non-finite one; the stats name the actors
+    that sent such columns ("poisoned_by")."""
     targets = compute_targets(engine, batch, cfg, device, value_norm)
+    poisoned = np.flatnonzero(~targets["finite_columns"].cpu().numpy())
+    if len(poisoned):
+        drop_columns(batch, targets, poisoned)
     stats = ppo_epochs(engine, batch, targets, cfg, device, seed=cfg.actor.seed * 1_000_003 + step,
                        guard=guard, update_number=step + 1)
     stats.update(targets["stats"])
+    stats["poisoned_columns"] = float(len(poisoned))
+    stats["poisoned_by"] = [batch.actors[i] for i in poisoned] if batch.actors else []
     return stats
+
+
+def drop_columns(batch: Batch, targets: dict, columns) -> None:
+    """Take `columns` out of training without changing the batch's shape (every rank must make the
+    same forward passes): their float inputs become another, finite column's (zeros if none is),
+    their targets 0, and targets["mask"] 0 there, so the loss leaves them out."""
+    good = np.flatnonzero(targets["finite_columns"].cpu().numpy())
+    for k, a in batch.arrays.items():
+        if a.dtype.kind == "f":
+            a[:, columns] = a[:, good[:1]] if len(good) else 0
+    for k in ("behavior_logp", "prox_logp", "old_values", "vs", "advantages", "rhos"):
+        targets[k][:, torch.as_tensor(columns)] = 0
+    targets["mask"][:, torch.as_tensor(columns)] = 0
 
 
 # ------------------------------------------------------------------------------- finite or stop
@@ -174,14 +197,26 @@ def compute_targets(engine, batch: Batch, cfg: Config, device, value_norm: Value
     vt = vtrace(behavior_logp=behavior, target_logp=target_logp if corrected else behavior, rewards=rewards,
                 values=v_all[:-1], bootstrap_value=v_all[-1], discounts=discounts,
                 rho_bar=cfg.algorithm.rho_bar, c_bar=cfg.algorithm.c_bar, lam=cfg.algorithm.vtrace_lambda)
-    stats = {"rollout/reward_mean": float(rewards.mean()), "rollout/value_mean": float(v_all.mean())}
+    finite = finite_columns(target_logp, v_all, vt.vs, vt.pg_advantages)
+    stats = {"rollout/reward_mean": float(rewards[:, finite].mean()) if finite.any() else 0.0,
+             "rollout/value_mean": float(v_all[:, finite].mean()) if finite.any() else 0.0}
     old_values, vs = v_all[:-1], vt.vs
-    if value_norm is not None:
-        value_norm.update(vs)
+    if value_norm is not None and finite.any():
+        value_norm.update(vs[:, finite])
         old_values, vs = value_norm.normalize(old_values), value_norm.normalize(vs)
         stats.update({"train/critic/value_norm_mean": value_norm.mean, "train/critic/value_norm_std": value_norm.std})
     return {"behavior_logp": behavior, "prox_logp": target_logp, "old_values": old_values, "vs": vs,
-            "advantages": vt.pg_advantages, "rhos": vt.rhos, "stats": stats}
+            "advantages": vt.pg_advantages, "rhos": vt.rhos, "stats": stats, "finite_columns": finite,
+            "mask": torch.ones(T, N, device=device)}
+
+
+def finite_columns(*per_step: torch.Tensor) -> torch.Tensor:
+    """bool [N]: the columns in which every tensor ([T or T+1, N, ...] each) is finite."""
+    ok = None
+    for x in per_step:
+        col = torch.isfinite(x).reshape(x.shape[0], x.shape[1], -1).all(-1).all(0)
+        ok = col if ok is None else ok & col
+    return ok
 
 
 # --------------------------------------------------------------------------------------- PPO
@@ -195,7 +230,7 @@ def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device, seed: i
     obs = {k: _flat(a[k][:T]) for k in OBS_FIELDS if k in a}
     actions = {k: _flat(a[k]) for k in _action_fields(a)}
     flat = {k: targets[k].reshape(T * N, *targets[k].shape[2:])
-            for k in ("behavior_logp", "prox_logp", "old_values", "vs", "advantages", "rhos")}
+            for k in ("behavior_logp", "prox_logp", "old_values", "vs", "advantages", "rhos", "mask")}
     alg = cfg.algorithm
     sums, count, ratio_max = defaultdict(float), 0, 0.0
     gen = torch.Generator().manual_seed(seed)
@@ -204,9 +239,10 @@ def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device, seed: i
         order = torch.randperm(T * N, generator=gen).numpy()
         for mb in np.array_split(order, alg.num_minibatches):
             micro = list(_chunks(len(mb), cfg.learner.micro_batch_size))
-            # Normalise advantages over the whole minibatch, not per micro batch.
-            adv = flat["advantages"][torch.from_numpy(mb).to(device)]
-            adv_stats = (adv.mean(), adv.std(unbiased=False))
+            # Normalise advantages over the whole minibatch (its kept steps), not per micro batch.
+            mb_idx = torch.from_numpy(mb).to(device)
+            adv_stats = masked_mean_std(flat["advantages"][mb_idx], flat["mask"][mb_idx])
+            kept_in_mb = float(flat["mask"][mb_idx].sum())
             losses_finite, loss_text = True, ""
             for sl in micro:
                 idx = mb[sl]
@@ -222,13 +258,15 @@ def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device, seed: i
                     prox_logp=flat["prox_logp"][t_idx],
                     advantages=flat["advantages"][t_idx], values=out.values.float(),
                     old_values=flat["old_values"][t_idx], value_targets=flat["vs"][t_idx],
-                    entropy=out.entropy.float(), rhos=flat["rhos"][t_idx], advantage_stats=adv_stats)
+                    entropy=out.entropy.float(), rhos=flat["rhos"][t_idx], advantage_stats=adv_stats,
+                    mask=flat["mask"][t_idx])
                 # DeepSpeed divides by gradient_accumulation_steps (= len(micro)); re-weight uneven
-                # micro batches so the minibatch loss is the mean over its samples.
+                # micro batches so the minibatch loss is the mean over its kept samples.
+                weight = float(flat["mask"][t_idx].sum()) * len(micro) / kept_in_mb if kept_in_mb else 0.0
                 finite = bool(torch.isfinite(loss.detach()).item())
                 if not finite and losses_finite:
                     losses_finite, loss_text = False, f"{loss.item():.3g}"
-                engine.backward((loss if finite else poisoned(loss)) * (len(idx) * len(micro) / len(mb)))
+                engine.backward((loss if finite else poisoned(loss)) * weight)
                 engine.step()
                 ratio_max = max(ratio_max, stats.pop("ratio_max"))
                 for k, v in stats.items():

@@ -468,6 +468,53 @@ def phase_update(out: Path, rank: int, world: int) -> dict:
             "segment_env_steps": int(segment.meta["env_steps"])}
 
 
+def phase_poison(out: Path, rank: int, world: int) -> dict:
+    """A flow head's update on 2 ZeRO-3 ranks where rank 1's batch holds one column whose chain is
+    finite but huge (real values x 2e30: validation bypassed), with a FiniteGuard that stops at the
+    first non-finite step. update() must find that column, leave it out, and take finite steps."""
+    from asyncvla.common.config import load_config
+    from asyncvla.common.policy import VLAPolicy
+    from asyncvla.common.protocol import SegmentSpec
+    from asyncvla.learner.ingest import ColumnBuffer
+    from asyncvla.learner.publish import trainable_finite
+    from asyncvla.learner.update import FiniteGuard, update
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # this script runs from tests/
+    from tests.test_protocol import make_segment
+
+    cfg = load_config(None, POLICY_OVERRIDES + ["policy.action_head=flow", "policy.is_lora=false",
+                                                "learner.micro_batch_size=8", "algorithm.update_epochs=2",
+                                                "algorithm.num_minibatches=2"])
+    torch.manual_seed(cfg.actor.seed)
+    if rank == 0:
+        VLAPolicy.build(cfg.policy).save_pretrained(str(out / "policy_init"))
+    dist.barrier()
+    policy = VLAPolicy.from_pretrained(str(out / "policy_init"))
+    engine = ds_engine.build_engine(VLAPolicy.from_pretrained(str(out / "policy_init")), cfg, 1)
+    p = cfg.policy
+    spec = SegmentSpec(image_size=p.image_size, instruction_len=p.max_instruction_tokens,
+                       num_tokens=p.num_action_chunks * p.action_dim, num_action_chunks=p.num_action_chunks,
+                       num_steps=UPDATE_T, flow_steps=p.flow.num_steps, action_dim=p.action_dim)
+    buffer = ColumnBuffer(max_policy_lag=1)
+    for actor in ("honest", "poisoner"):        # two segments of 2 columns each
+        a = dict(make_segment(spec, B=2, truncations=1, rng=np.random.default_rng(3 + rank)).arrays)
+        ids, mask = policy.tokenize(["move the white dot to the red square"])
+        for k in ("instruction", "final_instruction"):
+            a[k] = np.broadcast_to(ids, a[k].shape).copy()
+        for k in ("instruction_mask", "final_instruction_mask"):
+            a[k] = np.broadcast_to(mask, a[k].shape).copy()
+        if actor == "poisoner" and rank == 1:
+            a["flow_chain"] = a["flow_chain"].copy()
+            a["flow_chain"][:, 1] *= np.float32(2e30)
+        buffer.add(a, 0, actor)
+    batch = buffer.take(4)
+    guard = FiniteGuard(max_in_a_row=1)
+    stats = [update(engine, batch, cfg, torch.device("cpu"), step=i, guard=guard) for i in range(2)]
+    return {"poisoned": [s["poisoned_columns"] for s in stats], "poisoned_by": [s["poisoned_by"] for s in stats],
+            "skipped": guard.skipped, "weights_finite": trainable_finite(engine),
+            "loss_finite": all(np.isfinite(s["policy_loss"]) and np.isfinite(s["value_loss"]) for s in stats),
+            "chain_max": float(np.abs(batch.arrays["flow_chain"]).max())}
+
+
 FAULT_STAGES = (2, 3)     # ZeRO-2: rank 0's states file carries every rank's RNG; ZeRO-3: each its own
 
 
@@ -574,7 +621,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     t_init = time.perf_counter() - t0
     rec = {"train": phase_train, "resume": phase_resume, "errors": phase_errors,
-           "policy": phase_policy, "update": phase_update, "faults": phase_faults,
+           "policy": phase_policy, "update": phase_update, "poison": phase_poison, "faults": phase_faults,
            "faults_resume": phase_faults_resume}[phase](out, rank, world)
     rec.update(world=world, init_s=t_init, phase_s=time.perf_counter() - t0)
     torch.save(rec, out / f"rank{rank}.pt")

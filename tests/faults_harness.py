@@ -5,7 +5,8 @@
 
 The run is `asyncvla train configs/pixel_task.yaml` with a small backbone on loopback: a DeepSpeed
 ZeRO-3 learner (`Sizes.ranks` ranks), `Sizes.actors` local actors and the evaluator, without CURVE
-keys (so that any peer reaches the decoders), its checkpoints on a small tmpfs where one can be
+keys (so that any peer reaches the decoders; a hello must carry the run's join secret, which the
+attacks below hold unless they say otherwise: a buggy script of the run's owner), its checkpoints on a small tmpfs where one can be
 mounted (for the disk-full attack). The attacks, each a function taking its size and returning a
 Row (fault, count tried, outcome, problems, the learner's segment accounting over the attack, its
 RSS), in the order run_suite runs them:
@@ -16,6 +17,7 @@ RSS), in the order run_suite runs them:
                    segments of a registered fuzz actor that are stale, from a future version,
                    valid (trained on), replayed (same seq), claiming env_steps = 2**63 - 1, and
                    valid ones without its token
+  no secret        hellos without the run's join secret, or with another: each refused, counted
   hello flood      hellos with fresh actor ids (each registers an actor, who then times out)
   spoofing         heartbeats, byes, get_policy_files and get_weights for the live actors' ids
                    without their token
@@ -23,6 +25,8 @@ RSS), in the order run_suite runs them:
                    and lets it go, keeping the id's token
   id hijack        from another connection: hellos under the live actors' ids claiming their host
                    and pid, heartbeats and byes with local-0's token; each refused (id_taken)
+  squatter         SIGKILL local-1 and at once hold its id from a peer; the launcher's one restart
+                   says hello again until the squatter is gone, then joins: no restart wasted
   lying segments   of the registered fuzz actor: seq = 2**63 - 1, ep_length = 2**62, ep_return =
                    float32's largest; dropped as bad_counter / bad_reward, the stream unmoved
   disk full        ballast fills the checkpoints' tmpfs until a save fails; then it goes
@@ -40,6 +44,8 @@ RSS), in the order run_suite runs them:
                    Ctrl-C (exit 130, the launcher names it, never the newer); from a newest one
                    whose EMA holds a NaN (exit non-zero, one line naming the file and the older one)
   start-up Ctrl-C  SIGINT while a learner rank is starting: exit 130, one line
+  huge flow chains a short run with the flow head; a peer's segments with chains times 2e30 are
+                   refused on receipt (out_of_range), and the run ends by its budget (exit 0)
   careless         configs and disks, each a short run of its own: nan/inf values, learner.lr=1e6,
                    a checkpoint folder that cannot be written, a final save that fails
 
@@ -98,6 +104,7 @@ class Sizes:
     """How much of each attack: QUICK for `make test`, FULL for `make bench`."""
     fuzz_per_port: int = 10_000
     hellos: int = 2_000
+    outsiders: int = 200         # hellos without the run's join secret
     spoofs: int = 400            # of each kind (heartbeat, bye, get_policy_files, get_weights)
     valid_segments: int = 20     # of the trajectory fuzz: valid segments of a registered fuzz actor
     lies: int = 5                # rounds of segments lying about their seq and episode stats (4 each)
@@ -303,14 +310,17 @@ class Run:
         return [f"evaluator-{host}-{p}" for p in self.evaluators()]
 
     def close(self) -> None:
-        """Stop whatever is left of the run (SIGKILL to every process seen)."""
-        if self.proc.poll() is None:
+        """Stop whatever is left of the run (SIGKILL to every process seen); then note any checkpoint
+        the launcher named that is not the one its learner recorded (`last_words`)."""
+        ended = self.proc.poll() is not None
+        if not ended:
             _kill(self.proc.pid)
         for p in self.alive():
             _kill(p)
         self.proc.wait()
         self._stop.set()
         self._watch.join()
+        self.last_words = named_as_recorded(self.dir, self.text()) if ended else []
 
     # -- progress
     def text(self) -> str:
@@ -369,6 +379,20 @@ class Run:
             if int(code) != -signal.SIGKILL and not (int(code) == 128 + signal.SIGTERM and terms <= self.sigterms):
                 out.append(f"{who} exited with {code}")
         return out
+
+
+def named_as_recorded(run_dir: Path, text: str) -> list[str]:
+    """Each checkpoint the launcher's own lines name that is not the one its learner recorded in
+    RUN/learner_end.json (a run whose learner left no record, killed, is not checked)."""
+    from asyncvla.common.rundir import read_end
+    end = read_end(run_dir)
+    if end is None or not end["checkpoint"]:
+        return []
+    recorded = Path(end["checkpoint"]).resolve()
+    named = {m for ln in text.splitlines() if ln.startswith("asyncvla: ")
+             for m in re.findall(r"(/\S*step_\d{8,})", ln)}
+    return [f"the launcher named {n}, the learner recorded {recorded}" for n in sorted(named)
+            if Path(n).resolve() != recorded]
 
 
 class Hang(AssertionError):
@@ -489,11 +513,18 @@ def endpoints(run: Run) -> dict:
             "trajectory": [f"tcp://127.0.0.1:{p['transport.trajectory_port'] + r}" for r in range(run.ranks)]}
 
 
+def secret(run_dir: Path) -> dict:
+    """The hello meta that carries the run's join secret (what a process that reads RUN can send)."""
+    from asyncvla.common.auth import read_join_secret
+    return {"join_secret": read_join_secret(run_dir)}
+
+
 def register(run: Run, actor_id: str) -> tuple[str, dict]:
-    """(token, welcome) of a peer that says hello as `actor_id` (any peer may, without CURVE)."""
+    """(token, welcome) of a peer that says hello as `actor_id` with the run's join secret."""
     peer = Peer(endpoints(run)["control"])
     try:
-        welcome = peer.ask("hello", {"actor_id": actor_id, "host": "fuzz", "pid": 1, "num_envs": 1}, 30)
+        welcome = peer.ask("hello", {"actor_id": actor_id, "host": "fuzz", "pid": 1, "num_envs": 1,
+                                     **secret(run.dir)}, 30)
     finally:
         peer.close()
     if welcome is None or welcome.kind != "welcome":
@@ -626,19 +657,22 @@ class SegmentMaker:
         vocab = policy["action_tokens"]["vocab_size"]
         self.first = vocab - policy["action_tokens"]["n_bins"]
         p = cfg["policy"]
+        self.flow = p["action_head"] == "flow"
         self.spec = P.SegmentSpec(image_size=p["image_size"], instruction_len=p["max_instruction_tokens"],
                                   num_tokens=p["num_action_chunks"] * p["action_dim"],
                                   num_action_chunks=p["num_action_chunks"], state_dim=p["state_dim"],
                                   action_level_rewards=cfg["algorithm"]["reward_type"] == "action_level",
                                   num_steps=cfg["actor"]["rollout_length"], vocab_size=vocab,
-                                  first_action_id=self.first, max_abs_reward=cfg["learner"]["max_abs_reward"])
+                                  first_action_id=self.first, max_abs_reward=cfg["learner"]["max_abs_reward"],
+                                  flow_steps=p["flow"]["num_steps"] if self.flow else 0, action_dim=p["action_dim"])
         self.vocab, self.token, self._make = vocab, token, make_segment
 
     def segment(self, rng, version: int, B: int | None = None, seq: int = 0, episodes: int | None = None) -> P.Segment:
         B = B or int(rng.integers(1, 5))
         seg = self._make(self.spec, B=B, seq=seq, actor_id="fuzz-actor", truncations=int(rng.integers(0, 2)),
                          episodes=int(rng.integers(0, 3)) if episodes is None else episodes, rng=rng)
-        seg.arrays["action_tokens"] = seg.arrays["action_tokens"] % (self.vocab - self.first) + self.first
+        if not self.flow:
+            seg.arrays["action_tokens"] = seg.arrays["action_tokens"] % (self.vocab - self.first) + self.first
         seg.meta.update(policy_version=max(0, version), token=self.token)
         return seg
 
@@ -901,12 +935,12 @@ def hello_flood(run: Run, count: int, peers: int = 4) -> Row:
     may join) and registers an actor that then times out. Problems: the learner stops, or a real
     actor times out or has to rejoin meanwhile."""
     row = Row("hello flood")
-    ep = endpoints(run)["control"]
+    ep, key = endpoints(run)["control"], secret(run.dir)
     before, mark, t0 = run.accounts(), len(run.text()), time.time()
     flood = [Peer(ep) for _ in range(peers)]
     try:
         for i in range(count):
-            meta = {"actor_id": f"flood-{i}", "host": "flood", "pid": i, "num_envs": 0}
+            meta = {"actor_id": f"flood-{i}", "host": "flood", "pid": i, "num_envs": 0, **key}
             while not flood[i % peers].send(P.encode_control("hello", meta), timeout_ms=1000):
                 flood[i % peers].drain()
             if i % 100 == 0:
@@ -927,6 +961,110 @@ def hello_flood(run: Run, count: int, peers: int = 4) -> Row:
     return row
 
 
+def no_secret(run: Run, count: int) -> Row:
+    """Hellos from a local process that cannot read the run directory: without the join secret,
+    or with a made-up one, under fresh ids and under the live actors' ids. Each must be refused
+    with an error saying why, and counted (no_join_secret, wrong_join_secret). Problems: a
+    welcome, a refusal not counted, a real actor disturbed."""
+    row = Row("hello without the join secret")
+    ep = endpoints(run)["control"]
+    before, mark, t0 = run.accounts(), len(run.text()), time.time()
+    peer = Peer(ep)
+    ids = [f"local-{i}" for i in range(len(run.actors()))]
+    try:
+        for i in range(count):
+            meta = {"actor_id": ids[i % len(ids)] if i % 4 == 0 and ids else f"outsider-{i}", "host": "outsider",
+                    "pid": i, "num_envs": 1}
+            if i % 2:
+                meta["join_secret"] = f"{i:064x}"             # a made-up secret
+            while not peer.send(P.encode_control("hello", meta), timeout_ms=1000):
+                peer.drain()
+            if i % 50 == 0:
+                peer.drain()
+        peer.settle(timeout_s=60)
+    finally:
+        peer.close()
+    row.seconds, row.tried = time.time() - t0, count
+    after = run.accounts(newer_than=run.step())
+    row.accounts = after.minus(before)
+    refused = {k: _control(after)["invalid"].get(k, 0) - _control(before)["invalid"].get(k, 0)
+               for k in ("no_join_secret", "wrong_join_secret")}
+    row.unauthorised = peer.replies.get("welcome", 0)
+    if row.unauthorised:
+        row.problems.append(f"unauthorised: {row.unauthorised} welcomed without the join secret")
+    if sum(refused.values()) != count or peer.replies.get("error", 0) != count:
+        row.problems.append(f"{refused} counted and {peer.replies.get('error', 0)} errors answered for {count} hellos")
+    said = (peer.last.get("error").meta if "error" in peer.last else {}).get("message", "")
+    if "join secret" not in said:
+        row.problems.append(f"the refusal does not say why: {said!r}")
+    row.problems += _real_actors_undisturbed(run, mark) + _liveness(run)
+    row.outcome = (f"{count} hellos ({count // 2} without a secret, {count - count // 2} with a made-up one; "
+                   f"a quarter under live ids): {refused['no_join_secret']} + {refused['wrong_join_secret']} refused "
+                   f"(no_join_secret, wrong_join_secret), {row.unauthorised} welcomed")
+    row.detail = {"refused": refused, "replies": peer.replies}
+    return row
+
+
+def squatter(run: Run, index: int = 1, hold_s: float = 3.0) -> Row:
+    """SIGKILL local actor `index` and at once take its id from a bare peer holding the join
+    secret (a process that reads RUN), heartbeating as the holder. The launcher restarts the actor
+    once; its hello is refused (id_taken) while the squatter holds the id, and it says hello again
+    instead of exiting, until the squatter's connection is gone (`hold_s` after the restart's first
+    refusal): then it joins and sends. Problems: more than one restart (a wasted one), an exit
+    other than the kill, no refusal seen, no join after the squatter left."""
+    row = Row("squatter on a killed actor's id", tried=1)
+    before, mark, t0 = run.accounts(), len(run.text()), time.time()
+    pid = run.actor(index)
+    if pid is None:
+        row.problems.append(f"no local actor {index} running")
+        return row
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        _kill(pid)
+    actor_id = f"local-{index}"
+    peer = Peer(endpoints(run)["control"])
+    refused = re.compile(rf"actor_id '{actor_id}' is live in another connection; saying hello again")
+    held = False
+    try:
+        deadline = time.time() + 30
+        while not held and time.time() < deadline:      # taken once the learner sees the old connection gone
+            peer.last.clear()
+            peer.send(P.encode_control("hello", {"actor_id": actor_id, "host": "squatter", "pid": os.getpid(),
+                                                 "num_envs": 0, **secret(run.dir)}), timeout_ms=1000)
+            peer.drain(200)
+            held = "welcome" in peer.last
+        if not held:
+            row.problems.append(f"the squatter never got {actor_id}")
+            return row
+        token = peer.last["welcome"].meta["token"]
+        deadline, seen_at = time.time() + PROGRESS_S, None
+        while time.time() < deadline and (seen_at is None or time.time() < seen_at + hold_s):
+            peer.send(P.encode_control("heartbeat", {"actor_id": actor_id, "token": token}), timeout_ms=1000)
+            peer.drain(500)
+            if seen_at is None and refused.search(run.text()[mark:]):
+                seen_at = time.time()
+        if seen_at is None:
+            row.problems.append("the restarted actor never met the squatter (no refusal logged)")
+    finally:
+        peer.close()
+    restarts = re.compile(rf"asyncvla: actor {index} exited with (-?\d+)(?: \(\w+\))?; restart")
+    joined = re.compile(rf"actor {actor_id}: first segment sent")
+    try:
+        run.wait(lambda: joined.search(run.text()[mark:]), PROGRESS_S, "the restarted actor's first segment")
+    except Hang as e:
+        row.problems.append(str(e))
+    codes = [int(c) for c in restarts.findall(run.text()[mark:])]
+    if codes != [-signal.SIGKILL]:
+        row.problems.append(f"restarts of actor {index}: exit codes {codes} (one, the kill's, expected)")
+    row.seconds = time.time() - t0
+    row.accounts = run.accounts(newer_than=run.step()).minus(before)
+    row.problems += _liveness(run)
+    row.outcome = (f"{len(codes)} restart(s) (exit codes {codes}); refused while the squatter held the id, it said "
+                   f"hello again and joined {row.seconds:.0f} s after the kill")
+    return row
+
+
 def id_hijack(run: Run, token: str | None, rounds: int = 5) -> Row:
     """A bare peer on the same machine speaks for the live local actors (no keys: any local process
     can claim any id, host and pid): hellos copying each one's host and pid from the run's log
@@ -944,8 +1082,8 @@ def id_hijack(run: Run, token: str | None, rounds: int = 5) -> Row:
     try:
         for _ in range(rounds):
             for actor_id, (host, pid) in claims.items():
-                peer.send(P.encode_control("hello", {"actor_id": actor_id, "host": host, "pid": pid, "num_envs": 4}),
-                          timeout_ms=1000)
+                peer.send(P.encode_control("hello", {"actor_id": actor_id, "host": host, "pid": pid, "num_envs": 4,
+                                                     **secret(run.dir)}), timeout_ms=1000)
                 sent["hello"] += 1
             for kind in ("heartbeat", "bye") if token is not None else ():
                 peer.send(P.encode_control(kind, {"actor_id": "local-0", "token": token}), timeout_ms=1000)
@@ -994,7 +1132,8 @@ def _take_free_id(run: Run, actor_id: str, timeout_s: float = 30.0) -> str | Non
         while time.time() < deadline:
             peer.last.clear()
             peer.send(P.encode_control("hello", {"actor_id": actor_id, "host": socket.gethostname(),
-                                                 "pid": os.getpid(), "num_envs": 0}), timeout_ms=1000)
+                                                 "pid": os.getpid(), "num_envs": 0, **secret(run.dir)}),
+                      timeout_ms=1000)
             peer.drain(200)
             if "welcome" in peer.last:
                 return peer.last["welcome"].meta["token"]
@@ -1443,6 +1582,59 @@ def side_overrides(out: Path, name: str, ports: dict, ranks: int) -> list[str]:
     return [*suite_overrides(out, name, ports, Sizes(ranks=ranks, actors=0)), "eval.eval_interval=0"]
 
 
+def huge_flow_chains(out: Path, count: int = 12, updates: int = 60) -> Row:
+    """A short run with the flow head (1 local actor) and a peer holding the join secret that sends
+    `count` segments whose chains are finite but times 2e30 (the probe that once ended such a run:
+    every update after them non-finite). Each must be refused on receipt as out_of_range and
+    counted; the run trains on and ends by its budget, exit 0, with no optimizer step skipped."""
+    row, t0 = Row("huge flow chains (flow head)", tried=count), time.time()
+    ports = run_ports()
+    overrides = [*suite_overrides(out, "flow_chains", ports, Sizes(actors=1)), "eval.eval_interval=0",
+                 "policy.action_head=flow", f"learner.max_steps={updates}", "learner.max_nonfinite_steps=2"]
+    run = Run(out, "flow_chains", overrides, ports, 1, label="train")
+    peer = None
+    try:
+        run.wait_step(SAVE_INTERVAL, timeout=300)
+        token, welcome = register(run, "fuzz-actor")
+        maker = SegmentMaker(run, token, welcome)
+        probe = VersionProbe(run, token)
+        probe.refresh()
+        peer = Peer(endpoints(run)["trajectory"])
+        rng = np.random.default_rng(1)
+        for i in range(count):
+            seg = maker.segment(rng, probe(), B=2, seq=i)
+            seg.arrays["flow_chain"] = seg.arrays["flow_chain"] * np.float32(2e30)
+            while not peer.send(P.encode_segment(seg), timeout_ms=1000):
+                peer.drain()
+        _wait_acks(peer, count, time.time() + PROGRESS_S)
+        row.exit_code = run.proc.wait(timeout=PROGRESS_S + 60)
+    except (Hang, subprocess.TimeoutExpired) as e:
+        row.problems.append(f"hang: {e}")
+    finally:
+        if peer is not None:
+            peer.close()
+        run.close()
+    row.seconds = time.time() - t0
+    try:
+        row.accounts = run.accounts(current=False)
+    except Hang as e:
+        row.problems.append(f"no final accounting: {e}")
+        return row
+    refused = row.accounts.records[0]["invalid"].get("out_of_range", 0)
+    if row.exit_code != 0 or "finished by its budget" not in run.text():
+        row.problems.append(f"exit {row.exit_code}, not 0 by its budget")
+    if refused != count:
+        row.problems.append(f"{refused} of {count} refused as out_of_range")
+    if row.accounts.nonfinite_steps:
+        row.problems.append(f"{row.accounts.nonfinite_steps} optimizer steps skipped as non-finite")
+    if "'flow_chain' holds" not in run.text():
+        row.problems.append("the refusal was not logged naming the field")
+    row.problems += run.last_words + run.crashes()
+    row.outcome = (f"{count} segments with chains x 2e30: {refused} refused on receipt (out_of_range, naming "
+                   f"'flow_chain'); 0 steps skipped; exit {row.exit_code} by its budget ({updates} updates)")
+    return row
+
+
 def startup_ctrl_c(out: Path, ranks: int) -> Row:
     """Ctrl-C (SIGINT to `asyncvla train`) as soon as a learner rank process exists, still
     importing: a rank is asked to stop only once it catches the signal, so the run ends as any
@@ -1577,6 +1769,7 @@ def older_tag_ctrl_c(out: Path, src: Path, older: Path, newer: Path, ranks: int)
     named = [ln for ln in text.splitlines() if ln.startswith("asyncvla:") and newer.name in ln]
     if named:
         row.problems.append(f"the launcher named the newer {newer.name}: {named[0]!r}")
+    row.problems += run.last_words
     latest, aside = find_latest(run_dir), list((run_dir / "checkpoints" / "abandoned").glob(f"*/{newer.name}"))
     if latest != resume_at or not aside:
         row.problems.append(f"--resume RUN would continue {latest}; {newer.name} kept aside: {bool(aside)}")
@@ -1614,8 +1807,15 @@ def nan_in_saved_ema(out: Path, src: Path, older: Path, newer: Path, ranks: int)
         row.problems.append("the run resumed from it (and served its weights)")
     if "Traceback" in text:
         row.problems.append("a traceback in the log")
+    # The launcher's last words repeat the learner's advice: the earlier checkpoint, named to resume.
+    advice = f"--resume {run_dir / 'checkpoints' / older.name}"
+    last = [ln for ln in text.splitlines() if ln.startswith("asyncvla: the learner exited")]
+    if len(last) != 1 or advice not in last[0] or newer.name in last[0]:
+        row.problems.append(f"the launcher's last words {last} do not say {advice!r}")
+    row.problems += run.last_words
     row.outcome = (f"EMA '{tensor}' NaN in {newer.name}/{path.name}: exit {row.exit_code}, one line naming the file "
-                   f"and {older.name} to resume instead; nothing resumed or served")
+                   f"and {older.name} to resume instead, which the launcher repeats ({advice.split('/')[-1]}); "
+                   "nothing resumed or served")
     return row
 
 
@@ -1764,9 +1964,10 @@ def diverging_run(out: Path) -> Row:
         row.problems.append(f"stopped only at update {stopped_at}")
     if row.accounts is None or row.accounts.nonfinite_steps < 2:
         row.problems.append("the accounting does not count the skipped steps")
+    row.problems += named_as_recorded(out / "diverge", text)
     latest = ck.find_latest(out / "diverge")
     if latest is None:
-        if "no complete checkpoint to resume from" not in text or \
+        if "no checkpoint to resume from" not in text or \
                 list((out / "diverge" / "checkpoints").glob("step_*")):
             row.problems.append("no checkpoint, yet the launcher did not say so or one was started")
         row.outcome = f"stopped at update {stopped_at} in one line; the first update broke the weights: nothing saved"
@@ -1784,20 +1985,24 @@ def diverging_run(out: Path) -> Row:
 
 def unwritable_checkpoints(out: Path) -> Row:
     """Where RUN/checkpoints cannot be made (a regular file is in its way: that fails as root too),
-    the learner stops at start-up with the OS error and the key to change, exit non-zero."""
+    `asyncvla train` refuses before any process starts: exit 2, one line naming the path and the
+    keys to change, nothing written in RUN."""
     row, t0 = Row("checkpoint folder not writable", tried=1), time.time()
     blocked = out / "blocked"
     blocked.mkdir(parents=True, exist_ok=True)
     (blocked / "checkpoints").write_text("not a folder")
     r, text, _ = _short_run(out, "blocked", ["learner.max_steps=2"])
     row.exit_code, row.seconds = r.returncode, time.time() - t0
-    if r.returncode == 0:
-        row.problems.append("exit 0")
-    for said in (f"checkpoints cannot be written in {blocked / 'checkpoints'}", "FileExistsError",
-                 "set logging.output_dir to a writable place", "no complete checkpoint to resume from"):
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    if r.returncode != 2 or len(lines) != 1:
+        row.problems.append(f"exit {r.returncode}, {len(lines)} lines: {r.stderr[-300:]!r}")
+    for said in (f"{blocked / 'checkpoints'} is a file, not a directory", "logging.output_dir"):
         if said not in text:
             row.problems.append(f"did not say {said!r}")
-    row.outcome = "stopped at start-up with the OS error and the key to change"
+    if sorted(p.name for p in blocked.iterdir()) != ["checkpoints"]:
+        row.problems.append(f"written meanwhile: {sorted(p.name for p in blocked.iterdir())}")
+    row.outcome = (f"exit {r.returncode} after {row.seconds:.1f} s, before any process started, one line naming the "
+                   "path and the key; nothing written")
     return row
 
 
@@ -1819,6 +2024,7 @@ def final_save_fails(out: Path) -> Row:
             row.problems.append(f"did not say {said!r}")
     if "Parent directory" in text:
         row.problems.append("torch's guess ('Parent directory ...') instead of the system's reason")
+    row.problems += named_as_recorded(out / "final", text)
     if row.accounts is None or row.accounts.saves_failed != 1:
         row.problems.append("the accounting does not count the failed save")
     row.outcome = "exit non-zero; the launcher named step_00000002 (step 2), the newest complete checkpoint"
@@ -1894,10 +2100,12 @@ def run_suite(out: Path, sizes: Sizes) -> SuiteResult:
         maker = SegmentMaker(run, token, welcome)
         real_ids = [f"local-{i}" for i in range(sizes.actors)] + run.evaluator_ids()
         _guarded(rows, "fuzz control port", fuzz, run, "control", sizes.fuzz_per_port, rng, None, real_ids)
+        _guarded(rows, "hello without the join secret", no_secret, run, sizes.outsiders)
         _guarded(rows, "hello flood", hello_flood, run, sizes.hellos)
         _guarded(rows, "spoofed heartbeats/byes", spoofing, run, sizes.spoofs, rng, token)
         got = _guarded(rows, "actor SIGTERM", actor_sigterm, run)
         _guarded(rows, "hello under a live actor's id", id_hijack, run, got[1] if got else None)
+        _guarded(rows, "squatter on a killed actor's id", squatter, run)
         _guarded(rows, "fuzz weights port", fuzz, run, "weights", sizes.fuzz_per_port, rng, None, real_ids)
         _guarded(rows, "fuzz trajectory port", fuzz, run, "trajectory", sizes.fuzz_per_port, rng, maker, (),
                  sizes.valid_segments)
@@ -1973,7 +2181,8 @@ def resumptions(out: Path, run_dir: Path, kept: list, ranks: int) -> list[Row]:
     _guarded(rows, faults[0], resume_other_shape, out, run_copy(run_dir, out / "shape", [newer]), ranks)
     _concurrently(rows, (faults[1], older_tag_ctrl_c, out, run_dir, older, newer, ranks),
                   (faults[2], nan_in_saved_ema, out, run_dir, older, newer, ranks),
-                  ("Ctrl-C during start-up", startup_ctrl_c, out, ranks))
+                  ("Ctrl-C during start-up", startup_ctrl_c, out, ranks),
+                  ("huge flow chains (flow head)", huge_flow_chains, out))
     return rows
 
 
@@ -2024,6 +2233,6 @@ def _memory_row(rss: dict) -> Row:
 def _crash_row(runs: list[Run]) -> Row:
     row = Row("crashes (every run)", tried=len(runs))
     for r in runs:
-        row.problems += r.crashes()
+        row.problems += r.crashes() + getattr(r, "last_words", [])
     row.outcome = "0 learner or actor crashes" if not row.problems else f"{len(row.problems)} found"
     return row

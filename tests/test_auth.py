@@ -344,3 +344,47 @@ def test_without_keys_a_live_id_stays_with_its_process_and_a_restart_takes_it_at
         for c in (actor, impostor, restarted):
             c.close()
         control.close()
+
+
+# ---------------------------------------------------------------------- the run's join secret
+def test_without_keys_only_holders_of_the_run_s_join_secret_may_say_hello(tmp_path):
+    """RUN/join_secret is drawn once (0600) and kept; a control server given it refuses a hello
+    without it or with another, in one counted line and an error saying why; the actor command
+    without it exits 1 with that line, and with --run-dir RUN it joins."""
+    from asyncvla.common.auth import JOIN_SECRET_ENV, ensure_join_secret, read_join_secret
+    secret = ensure_join_secret(tmp_path)
+    assert ensure_join_secret(tmp_path) == secret == read_join_secret(tmp_path) and len(secret) == 64
+    assert oct((tmp_path / "join_secret").stat().st_mode & 0o777) == "0o600"
+    cfg = tcfg(heartbeat_timeout_s=30.0)
+    control = transport.ControlServer(cfg, welcome_fn_for(["tcp://127.0.0.1:2"]), endpoint="tcp://127.0.0.1:*",
+                                      join_secret=secret)
+    peer = RawPeer(control.endpoint, cfg)
+    hello = {"actor_id": "outsider", "host": "h", "pid": 1, "num_envs": 0}
+    try:
+        for meta, reason in ((hello, "no_join_secret"), ({**hello, "join_secret": "0" * 64}, "wrong_join_secret"),
+                             ({**hello, "join_secret": "é"}, "wrong_join_secret")):
+            reply = peer.ask("hello", meta)
+            assert reply.kind == "error" and reply.meta["reason"] == reason, reply.meta
+            assert "join secret" in reply.meta["message"] and "--run-dir" in reply.meta["message"]
+        assert dict(control.stats["invalid"]) == {"no_join_secret": 1, "wrong_join_secret": 2}
+        assert peer.ask("hello", {**hello, "join_secret": secret}).kind == "welcome"
+        env = {k: v for k, v in os.environ.items() if k != JOIN_SECRET_ENV}
+        refused = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "actor", "--learner", control.endpoint,
+                                  "--actor-id", "a"], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+        assert refused.returncode == 1, refused.stderr[-2000:]
+        assert refused.stderr.strip().splitlines()[-1].startswith("asyncvla actor: learner at ") and \
+            "join refused" in refused.stderr.strip().splitlines()[-1], refused.stderr[-2000:]
+        assert control.stats["invalid"]["no_join_secret"] == 2 and control.counts()["joined_total"] == 1
+        client = transport.LearnerClient(control.endpoint, "b", cfg, join_secret=read_join_secret(tmp_path))
+        try:
+            assert client.join(timeout=10) is not None
+        finally:
+            client.close()
+        bad = tmp_path / "elsewhere"
+        bad.mkdir()
+        no_file = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "actor", "--learner", control.endpoint,
+                                  "--run-dir", str(bad)], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+        assert no_file.returncode == 1 and "--run-dir: cannot read the run's join secret" in no_file.stderr
+    finally:
+        peer.close()
+        control.close(notify=False)

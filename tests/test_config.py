@@ -86,6 +86,12 @@ def test_missing_and_malformed_files(tmp_path):
         load_config(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(write(tmp_path, "actor: [1,\n"))
+    # A syntax error is one line naming the file, the line and column, and what the parser found
+    # (PyYAML's own text takes four lines).
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, "env:\n  id: PushCube-v1\n  bad: [1, 2\nlearner:\n  lr: 1\n"))
+    assert "\n" not in str(e.value), str(e.value)
+    assert "c.yaml' is not valid YAML: line 4, column 8: did not find expected ',' or ']'" in str(e.value)
     with pytest.raises(ConfigError, match="mapping"):
         load_config(write(tmp_path, "- 1\n- 2\n"))
 
@@ -120,7 +126,10 @@ def test_every_field_is_documented():
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
 def test_shipped_configs_validate(name):
-    load_config(REPO / "configs" / name)
+    cfg = load_config(REPO / "configs" / name)
+    # Each states its task's episode limit: a learner bounds the episode lengths actors report by
+    # it (without one only by protocol.MAX_EPISODE_STEPS, 2^24).
+    assert cfg.env.max_episode_steps is not None, name
 
 
 def test_cli_unknown_key_exits_nonzero(tmp_path):

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from asyncvla.common.auth import ensure_join_secret, read_join_secret
 from asyncvla.common.config import TransportConfig, load_config, to_yaml
 from asyncvla.common.control import LearnerClient
 from asyncvla.common.weight_channel import WeightSubscriber
@@ -48,9 +49,11 @@ def start(cmd: list[str], log: Path) -> subprocess.Popen:
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
-def actor_cmd(cfg, actor_id: str) -> list[str]:
+def actor_cmd(cfg, actor_id: str, run: Path) -> list[str]:
+    """A standalone actor on the learner's machine: it joins with the run's secret (--run-dir)."""
     return [sys.executable, "-m", "asyncvla.launch.cli", "actor", "--learner",
-            f"tcp://127.0.0.1:{cfg.transport.control_port}", "--actor-id", actor_id, "--num-envs", "2"]
+            f"tcp://127.0.0.1:{cfg.transport.control_port}", "--actor-id", actor_id, "--num-envs", "2",
+            "--run-dir", str(run)]
 
 
 def stop(*procs) -> None:
@@ -99,9 +102,10 @@ class VersionWatcher:
     It joins the learner as an actor that sends nothing (only registered actors get weights), and
     rejoins a restarted one by itself."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, run: Path):
         tcfg = TransportConfig(reconnect_max_s=0.5)     # back soon after a learner restart
-        self.client = LearnerClient(f"tcp://127.0.0.1:{cfg.transport.control_port}", "version-watcher", tcfg)
+        self.client = LearnerClient(f"tcp://127.0.0.1:{cfg.transport.control_port}", "version-watcher", tcfg,
+                                    join_secret=read_join_secret(run))
         self.client.join(timeout=0)           # says hello from now on; the subscriber asks once welcomed
         self.sub = WeightSubscriber(f"tcp://127.0.0.1:{cfg.transport.weights_port}", tcfg,
                                     actor_id="version-watcher", token=lambda: self.client.token)
@@ -133,14 +137,15 @@ def test_kill9_resume_and_standalone_actors(tmp_path):
     run = tmp_path / "resume"
     run.mkdir()
     (run / "launch_config.yaml").write_text(to_yaml(cfg))
+    ensure_join_secret(run)                  # (what `asyncvla train` does before the learner starts)
     learner = start(learner_command(cfg, run / "launch_config.yaml"), tmp_path / "learner1.log")
-    actor1 = start(actor_cmd(cfg, "standalone-1"), tmp_path / "actor1.log")
+    actor1 = start(actor_cmd(cfg, "standalone-1", run), tmp_path / "actor1.log")
     actor2 = None
-    watcher = VersionWatcher(cfg)
+    watcher = VersionWatcher(cfg, run)
     try:
         # A second standalone actor joins after training began, contributes, then is killed.
         wait_for(lambda: complete(run, 2), 240, "the step-2 checkpoint", [learner, actor1])
-        actor2 = start(actor_cmd(cfg, "standalone-2"), tmp_path / "actor2.log")
+        actor2 = start(actor_cmd(cfg, "standalone-2", run), tmp_path / "actor2.log")
         # Wait for the metric, not the actor's "first segment sent": a sent segment may still sit
         # in the learner's queue, and a rank discards what it queues from an actor that has gone.
         wait_for(lambda: max(scalars(run, "system/actors_contributing").values(), default=0) >= 2,
@@ -198,8 +203,9 @@ def test_standalone_actor_takes_its_rollout_plan_from_a_two_rank_learner(tmp_pat
     run = tmp_path / "plan"
     run.mkdir()
     (run / "launch_config.yaml").write_text(to_yaml(cfg))
+    ensure_join_secret(run)
     learner = start(learner_command(cfg, run / "launch_config.yaml"), tmp_path / "learner.log")
-    actor = start(actor_cmd(cfg, "standalone"), tmp_path / "actor.log")      # 2 envs, not the config's 4
+    actor = start(actor_cmd(cfg, "standalone", run), tmp_path / "actor.log")      # 2 envs, not the config's 4
     try:
         assert learner.wait(timeout=300) == 0, (tmp_path / "learner.log").read_text()[-3000:]
         assert actor.wait(timeout=60) == 0, (tmp_path / "actor.log").read_text()[-3000:]
@@ -227,7 +233,7 @@ def test_two_ranks_sync_publish_equals_consolidated_checkpoint(tmp_path):
         # Subscribe once the weight server is up (a socket that has been retrying for a while
         # backs off, and the 3 small updates take about a second).
         wait_for(lambda: "actors join at" in (tmp_path / "train.log").read_text(), 300, "the learner", [train])
-        watcher = VersionWatcher(cfg)
+        watcher = VersionWatcher(cfg, tmp_path / "two_ranks")
         wait_for(lambda: any(v > 0 for v in watcher.versions()), 300, "a trained version", [train])
         assert train.wait(timeout=300) == 0, (tmp_path / "train.log").read_text()[-4000:]
     finally:

@@ -70,7 +70,7 @@ def test_every_segment_a_rank_acks_is_accounted_for():
         receiver.close()
     assert acc["acked"] == 7 and acc["balanced"]
     assert acc["trained"] == 1 and acc["buffered"] == 1            # seq 2 whole, seq 4 half
-    assert acc["dropped"] == {"stale": 2, "future_version": 1, "duplicate": 0, "invalid": 2}   # seq 0's rest, seq 1
+    assert acc["dropped"] == {"stale": 2, "future_version": 1, "duplicate": 0, "invalid": 2, "banned": 0}   # seq 0's rest, seq 1
     assert acc["invalid"] == {"bad_header": 2}
     assert acc["columns"] == {"added": 12, "trained": 8, "dropped": 2, "buffered": 2}
 
@@ -146,7 +146,8 @@ def test_every_attack_ran(suite):
                   "launcher SIGINT", "learner SIGKILL during a save", "launcher SIGKILL",
                   "fake learner: escaping file names", "learner memory (RSS, any rank)", "crashes (every run)",
                   "resume with another shape", "resume from an older tag, then Ctrl-C", "NaN in a saved EMA",
-                  "Ctrl-C during start-up",
+                  "Ctrl-C during start-up", "hello without the join secret", "squatter on a killed actor's id",
+                  "huge flow chains (flow head)",
                   "config: nan/inf values", "diverging run (learner.lr=1e6)", "checkpoint folder not writable",
                   "final save fails"):
         assert fault in faults, (fault, faults)
@@ -161,6 +162,25 @@ def test_a_live_id_stays_with_its_connection_whatever_the_claims(suite):
     assert not hijack.problems and hijack.unauthorised == 0, hijack.outcome
     assert hijack.detail["sent"]["heartbeat"] > 0 and hijack.detail["sent"]["bye"] > 0, hijack.detail
     assert hijack.tried > 0 and hijack.detail["refused"] == hijack.tried, hijack.outcome
+
+
+def test_no_process_without_the_run_s_join_secret_joins(suite):
+    """Hellos without the secret, or with a made-up one, under fresh and live ids: each refused
+    with an error saying why and counted; nothing welcomed, the real actors undisturbed."""
+    row = suite.row("hello without the join secret")
+    assert not row.problems and row.unauthorised == 0 and row.tried > 0, row.outcome
+    assert sum(row.detail["refused"].values()) == row.tried and min(row.detail["refused"].values()) > 0, row.detail
+
+
+def test_a_restarted_actor_waits_out_a_squatter_on_its_id_without_a_wasted_restart(suite):
+    row = suite.row("squatter on a killed actor's id")
+    assert not row.problems and "1 restart(s)" in row.outcome, row.outcome
+
+
+def test_huge_flow_chains_are_refused_on_receipt_and_the_run_ends_by_its_budget(suite):
+    row = suite.row("huge flow chains")
+    assert not row.problems and row.exit_code == 0, row.outcome
+    assert row.accounts.invalid.get("out_of_range") == row.tried and row.accounts.nonfinite_steps == 0
 
 
 def test_no_crash_no_hang_no_unauthorised_action(suite):
@@ -193,13 +213,14 @@ def test_lying_counters_are_dropped_without_moving_the_stream(suite):
 def test_careless_configs_and_disks_stop_with_one_line_and_a_non_zero_exit(suite):
     """learner.lr=inf and friends refused before any rank starts; learner.lr=1e6 stops within a few
     updates, its non-finite steps counted, only finite weights saved; a checkpoint folder that
-    cannot be written stops the run at start-up; a final save that fails exits non-zero, counted,
-    and the launcher names the newest complete checkpoint (each row's checks: faults_harness)."""
+    cannot be made is refused before any process starts (exit 2); a final save that fails exits
+    non-zero, counted, and the launcher names the newest complete checkpoint (each row's checks:
+    faults_harness)."""
     assert suite.row("config: nan/inf values").exit_code == 2
     diverged = suite.row("diverging run")
     assert diverged.exit_code not in (0, None) and diverged.accounts.nonfinite_steps >= 2, diverged.outcome
-    for fault in ("checkpoint folder not writable", "final save fails"):
-        assert suite.row(fault).exit_code not in (0, None), suite.row(fault).outcome
+    assert suite.row("checkpoint folder not writable").exit_code == 2, suite.row("checkpoint folder not writable").outcome
+    assert suite.row("final save fails").exit_code not in (0, None), suite.row("final save fails").outcome
     assert suite.row("final save fails").accounts.saves_failed == 1
 
 

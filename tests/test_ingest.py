@@ -58,7 +58,7 @@ def test_columns_older_than_the_lag_never_reach_an_update(link):
     assert inbox.fill(6, version=2, stop=stop)
     batch = inbox.take(6)
     assert list(batch.versions) == [2] * 6
-    assert inbox.drops == {"stale": 2, "future_version": 1, "duplicate": 0, "invalid": 0}
+    assert inbox.drops == {"stale": 2, "future_version": 1, "duplicate": 0, "invalid": 0, "banned": 0}
     assert seen == [0, 0, 0]                               # the used segments, with their lags
 
 
@@ -86,7 +86,7 @@ def test_a_replayed_segment_trains_once_and_a_lying_counter_is_dropped(link):
     acc = inbox.accounting()
     assert [(m["seq"], m.get("incarnation")) for m in used] == [(0, None), (0, 7), (3, None)]
     assert acc["acked"] == 7 and acc["trained"] == 3 and acc["balanced"], acc
-    assert acc["dropped"] == {"stale": 0, "future_version": 0, "duplicate": 3, "invalid": 1}
+    assert acc["dropped"] == {"stale": 0, "future_version": 0, "duplicate": 3, "invalid": 1, "banned": 0}
     assert acc["invalid"] == {"bad_counter": 1}
     assert acc["seq_gaps"] == 2                            # seqs 1 and 2 of the first actor
 

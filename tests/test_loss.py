@@ -272,3 +272,40 @@ def test_decoupled_loss_from_config_uses_the_algorithm_keys():
                                     entropy=torch.zeros(n, dtype=F64), rhos=torch.ones(n, dtype=F64))
     assert stats["behav_clip_fraction"] == pytest.approx(1 / 3)
     assert stats["policy_loss"] == pytest.approx(-(1.0 + math.exp(0.3)) / 3)
+
+
+@pytest.mark.parametrize("policy_loss", ["behavior_clip", "decoupled"])
+@pytest.mark.parametrize("per_part", [False, True])
+def test_a_mask_gives_the_loss_and_gradients_of_the_kept_steps_alone(per_part, policy_loss):
+    """mask=0 steps count nowhere: the masked loss, its gradients on the kept steps and every
+    statistic equal those of ppo_loss on the kept steps only; the masked steps get no gradient."""
+    g = torch.Generator().manual_seed(3)
+    T, B, M = 4, 3, 5
+    shape = (T, B, M) if per_part else (T, B)
+    new = (torch.randn(shape, generator=g, dtype=F64) * 0.3).requires_grad_()
+    values = torch.randn(T, B, generator=g, dtype=F64).requires_grad_()
+    ins = dict(behavior_logp=torch.randn(shape, generator=g, dtype=F64) * 0.3,
+               prox_logp=torch.randn(shape, generator=g, dtype=F64) * 0.3,
+               entropy=torch.rand(shape, generator=g, dtype=F64),
+               **{k: torch.randn(T, B, generator=g, dtype=F64) for k in ("advantages", "old_values", "value_targets")},
+               rhos=torch.rand(T, B, generator=g, dtype=F64) * 2)
+    kw = dict(ratio_clip_eps=0.2, clip_ratio_c=3.0, entropy_bonus=0.01, value_clip=0.3, normalize_advantages=True,
+              policy_loss_type=policy_loss, behave_weight_threshold=1.5)
+    mask = torch.ones(T, B, dtype=F64)
+    mask[1, 0] = mask[3, 2] = mask[0, 1] = 0
+    keep = mask.bool()
+    loss, stats = ppo_loss(new_logp=new, values=values, mask=mask, **ins, **kw)
+    loss.backward()
+    sub_new, sub_values = new.detach()[keep].clone().requires_grad_(), values.detach()[keep].clone().requires_grad_()
+    sub_loss, sub_stats = ppo_loss(new_logp=sub_new, values=sub_values, **{k: v[keep] for k, v in ins.items()}, **kw)
+    sub_loss.backward()
+    assert loss.item() == pytest.approx(sub_loss.item(), rel=1e-12)
+    for k in stats:
+        assert stats[k] == pytest.approx(sub_stats[k], rel=1e-9, nan_ok=True), k
+    assert torch.allclose(new.grad[keep], sub_new.grad) and torch.allclose(values.grad[keep], sub_values.grad)
+    assert (new.grad[~keep] == 0).all() and (values.grad[~keep] == 0).all()
+    # nothing kept: a zero loss that still back-propagates (every rank's micro batch must)
+    none, _ = ppo_loss(new_logp=new, values=values, mask=torch.zeros(T, B, dtype=F64), **ins, **kw)
+    assert none.item() == 0 and none.requires_grad
+    with pytest.raises(ValueError, match="mask"):
+        ppo_loss(new_logp=new, values=values, mask=mask[:2], **ins, **kw)

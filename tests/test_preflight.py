@@ -133,3 +133,19 @@ def test_config_command_refuses_a_bad_path_and_notes_a_busy_port(tmp_path):
     finally:
         holder.close()
     assert r.returncode == 0 and f"note: launch.master_port={port}" in r.stderr, r.stderr
+
+
+def test_a_checkpoints_path_that_is_a_file_stops_train_before_anything_is_written(tmp_path):
+    run = tmp_path / "pixel_task"
+    run.mkdir()
+    (run / "checkpoints").write_text("not a folder")
+    r, took = cli("train", CONFIG, *run_port_overrides(), f"logging.output_dir={tmp_path}", "learner.max_steps=1")
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and err[0].startswith("asyncvla: cannot start: "), r.stderr[-2000:]
+    assert f"{run / 'checkpoints'} is a file, not a directory" in err[0] and "logging.output_dir" in err[0], err
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints"]       # no launch_config.yaml, no rank started
+    # the same for a run directory that is a file, from `asyncvla config` too
+    (tmp_path / "taken").write_text("")
+    r, _ = cli("config", CONFIG, f"logging.output_dir={tmp_path}", "logging.experiment_name=taken")
+    assert r.returncode == 2 and f"{tmp_path / 'taken'} is a file, not a directory" in r.stderr, r.stderr
+    print(f"refused in {took:.1f} s")

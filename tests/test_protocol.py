@@ -266,7 +266,12 @@ CASES = {
     "meta negative version": (_set_meta("policy_version", -1), "bad_meta"),
     "nan reward": (_set_array("rewards", lambda a: a.__setitem__((0, 0), np.nan)), "not_finite"),
     "inf state": (_set_array("state", lambda a: a.__setitem__((1, 1, 1), np.inf)), "not_finite"),
-    "positive logp": (_set_array("behavior_logp", lambda a: a.__setitem__((0, 0, 0), 2.0)), "bad_values"),
+    "positive logp": (_set_array("behavior_logp", lambda a: a.__setitem__((0, 0, 0), 2.0)), "out_of_range"),
+    "logp -3e38": (_set_array("behavior_logp", lambda a: a.__setitem__((0, 0, 0), -3e38)), "out_of_range"),
+    "huge state": (_set_array("state", lambda a: a.__setitem__((1, 1, 1), 2e30)), "out_of_range"),
+    "huge final state": (_set_array("final_state", lambda a: a.__setitem__((0, 0), -1e5)), "out_of_range"),
+    "timing 1e308": (_set_meta("act_s", 1e308), "bad_meta"),
+    "negative timing": (_set_meta("env_s", -5.0), "bad_meta"),
     "mask not 0/1": (_set_array("instruction_mask", lambda a: a.__setitem__((0, 0, 0), 7)), "bad_values"),
     "token out of vocab": (_set_array("action_tokens", lambda a: a.__setitem__((0, 0, 0), 512)),
                            "bad_token"),
@@ -510,9 +515,30 @@ def test_a_flow_heads_segment_carries_its_chains_and_they_are_checked():
 
     refused(lambda a: a["flow_stochastic"].__setitem__((1, 0), 0), "bad_values", "no Gaussian step")
     refused(lambda a: a["flow_chain"].__setitem__((0, 1, 2, 0, 0), np.nan), "not_finite", "'flow_chain'")
+    # finite but huge (a real chain times 2e30 made every update after it non-finite): out of range
+    refused(lambda a: a["flow_chain"].__imul__(np.float32(2e30)), "out_of_range", "'flow_chain' holds")
+    refused(lambda a: a["behavior_logp"].__setitem__((0, 0, 0), 3e38), "out_of_range", "'behavior_logp'")
     refused(lambda a: a["flow_stochastic"].__setitem__((0, 0, 0), 2), "bad_values", "'flow_stochastic'")
     refused(lambda a: a.__setitem__("flow_chain", a["flow_chain"][:, :, :3]), "bad_shape", "'flow_chain'")
     refused(lambda a: a.update(action_tokens=np.zeros((3, 2, 6), np.int64)), "bad_fields", "unexpected ['action_tokens']")
     token_spec = make_spec(T=3, B=2, H=16, L=8, K=2, D=3)
     with pytest.raises(ValidationError, match="bad_fields"):
         P.decode_segment(P.encode_segment(seg), token_spec, LIMITS)
+
+
+def test_every_float_field_of_a_segment_declares_its_range_or_has_a_check_of_its_own():
+    """Finite is not enough: each float field either names a range of SegmentSpec.bounds() or is
+    bounded by a check of its own (rewards and episode returns: learner.max_abs_reward); the
+    timings in its meta lie in [0, MAX_SEGMENT_SECONDS], and a NaN one says so."""
+    own_check = {"rewards", "ep_return"}
+    for name, field in P.SEGMENT_FIELDS.items():
+        if field.dtype == "float32":
+            assert (field.bound in SMALL.bounds()) != (name in own_check), name
+    for flow_steps in (0, 3):
+        lo, hi = make_spec(flow_steps=flow_steps).bounds()["logp"]
+        assert lo < 0 and (hi > 1 if flow_steps else 0 < hi < 0.01)
+    frames = P.encode_segment(make_segment(SMALL, B=2, truncations=1, episodes=2))
+    with pytest.raises(ValidationError, match="meta 'act_s' must be a finite number, got nan"):
+        P.decode_segment(_set_meta("act_s", float("nan"))(list(frames)), SMALL, LIMITS)
+    with pytest.raises(ValidationError, match=r"meta 'act_s'=1e\+308 is out of range"):
+        P.decode_segment(_set_meta("act_s", 1e308)(list(frames)), SMALL, LIMITS)

@@ -276,3 +276,22 @@ def test_a_grandchild_exits_when_the_launcher_is_gone(tmp_path):
         for p in (launcher, watching, unrelated):
             p.kill()
             p.wait()
+
+
+def test_sigterm_to_the_pipeline_exits_143_saying_where_it_stopped(tmp_path):
+    """`asyncvla pipeline` passes SIGTERM on to its stage and exits 128 + SIGTERM (143), not 130:
+    a scheduler's stop reads as what it was. Here during the demonstrations."""
+    cmd = [sys.executable, "-m", "asyncvla.launch.cli", "pipeline", str(REPO / "configs/pixel_task.yaml"),
+           f"logging.output_dir={tmp_path}", "logging.experiment_name=pipe", "collect.num_episodes=1000000"]
+    log = tmp_path / "pipeline.log"
+    p = start(cmd, log)
+    try:
+        wait_for(lambda: "collect:" in log.read_text(), 120, "the demos stage collecting", [p])
+        p.send_signal(signal.SIGTERM)                    # to the pipeline alone: it passes it on
+        p.wait(timeout=120)
+    finally:
+        stop(p)
+    out = log.read_text()
+    assert p.returncode == 128 + signal.SIGTERM, out[-2000:]
+    assert "asyncvla pipeline: interrupted during demonstrations; the same command continues" in out, out[-2000:]
+    assert "Traceback" not in out, out[-2000:]

@@ -570,3 +570,71 @@ def test_a_flood_of_hellos_is_folded_into_summary_lines(caplog):
         sock.close(0)
         ctx.term()
         server.close(notify=False)
+
+
+def test_a_rejoin_says_whether_the_learner_restarted_or_only_lost_the_actor(caplog):
+    """A welcome names its learner (learner_id). Asked to rejoin by the same learner (it had timed
+    the actor out: e.g. an actor paused with SIGSTOP), the client says so and counts no restart;
+    welcomed by another learner, it counts a restart (the actor then drops its weights)."""
+    ctx = zmq.Context()
+    learner = ctx.socket(zmq.ROUTER)
+    learner.linger = 0
+    learner.bind("tcp://127.0.0.1:*")
+    welcome = {"config": {}, "trajectory_endpoints": ["tcp://127.0.0.1:2"], "weights_endpoint": "tcp://127.0.0.1:3",
+               "weight_version": 0, "policy": {"path": "/p"}, "rollout": {}, "token": "t", "learner_id": "A"}
+    client = transport.LearnerClient(bound_endpoint(learner), "a", tcfg(heartbeat_timeout_s=30.0))
+
+    def answer_hello(reply):
+        while learner.poll(10_000):
+            peer, *frames = learner.recv_multipart()
+            if P.decode(frames, P.Limits.for_kind("request", 1)).kind == "hello":
+                learner.send_multipart([peer, *reply])
+                return peer
+        raise AssertionError("no hello")
+    try:
+        with caplog.at_level(logging.INFO, logger="asyncvla.transport"):
+            joined = []
+            thread = threading.Thread(target=lambda: joined.append(client.join(timeout=20)))
+            thread.start()
+            peer = answer_hello(P.encode_control("welcome", welcome))
+            thread.join()
+            assert joined[0] is not None and client.learner_id == "A"
+            learner.send_multipart([peer, *P.encode_control("rejoin")])       # the same learner lost us
+            peer = answer_hello(P.encode_control("welcome", welcome))
+            assert wait_until(lambda: client.rejoins == 1) and client.restarts == 0
+            learner.send_multipart([peer, *P.encode_control("rejoin")])
+            answer_hello(P.encode_control("welcome", {**welcome, "learner_id": "B"}))   # a new learner
+            assert wait_until(lambda: client.rejoins == 2) and client.restarts == 1 and client.learner_id == "B"
+        said = [r.getMessage() for r in caplog.records if "rejoined" in r.getMessage() or "restarted" in r.getMessage()]
+        assert len(said) == 2 and "the same learner" in said[0] and "restarted" not in said[0], said
+        assert "restarted; rejoined it" in said[1], said
+    finally:
+        client.close()
+        learner.close()
+        ctx.term()
+
+
+def test_a_first_hello_refused_as_id_taken_is_said_again_until_the_id_is_free():
+    """A restarted actor whose id another connection still holds does not fail its join: it says
+    hello again (back-off) and is welcomed once the holder is gone; refused for another reason, or
+    for longer than id_wait_s, join() fails with the learner's message."""
+    cfg = tcfg(heartbeat_timeout_s=30.0, reconnect_max_s=0.5)
+    control = transport.ControlServer(cfg, welcome_fn_for(["tcp://127.0.0.1:2"]), endpoint="tcp://127.0.0.1:*")
+    holder = transport.LearnerClient(control.endpoint, "local-0", cfg)
+    late = transport.LearnerClient(control.endpoint, "local-0", cfg)
+    impatient = transport.LearnerClient(control.endpoint, "local-0", cfg, id_wait_s=0.5)
+    try:
+        assert holder.join(timeout=10) is not None
+        joined = []
+        thread = threading.Thread(target=lambda: joined.append(late.join(timeout=30)))
+        thread.start()
+        assert wait_until(lambda: control.stats["invalid"]["id_taken"] >= 2, 10)    # refused, and said again
+        with pytest.raises(transport.TransportError, match="is live in another process"):
+            impatient.join(timeout=10)
+        holder.close()                                        # its connection goes: the id is free
+        thread.join(timeout=30)
+        assert joined and joined[0] is not None and late.learner_alive
+    finally:
+        for c in (holder, late, impatient):
+            c.close()
+        control.close(notify=False)

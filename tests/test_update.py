@@ -106,3 +106,27 @@ def test_a_non_finite_loss_back_propagates_nan_everywhere_it_reaches():
     assert step_verdict(True, "", float("nan"), "cpu") == (False, "gradient norm non-finite")
     assert step_verdict(True, "", 0.5, "cpu") == (True, "")
     assert step_verdict(False, "nan", None, "cpu") == (False, "loss nan")      # no norm kept: the losses decide
+
+
+def test_a_column_that_passed_validation_yet_overflows_the_policy_is_dropped_at_update_time(tmp_path):
+    """Defence in depth, on 2 ZeRO-3 ranks with the flow head: rank 1's batch holds a column whose
+    chain is finite but times 2e30 (as a hostile peer sent them; validation bypassed here). Each
+    update finds that column from its non-finite log-probs, leaves it out of the loss (its inputs
+    replaced, so the forward passes stay finite) and names its actor; no optimizer step is skipped
+    (a FiniteGuard that stops at the first would raise), and the weights stay finite."""
+    ranks = launch("poison", tmp_path, 2, timeout=300)
+    assert ranks[0]["poisoned"] == [0.0, 0.0] and ranks[0]["poisoned_by"] == [[], []]
+    assert ranks[1]["poisoned"] == [1.0, 0.0]             # dropped in the first; the second sees its stand-in
+    assert ranks[1]["poisoned_by"][0] == ["poisoner"]
+    for r in ranks:
+        assert r["skipped"] == 0 and r["weights_finite"] and r["loss_finite"]
+        assert r["chain_max"] < 100
+
+
+def test_an_actor_is_banned_once_when_its_poisoned_columns_reach_the_limit():
+    from asyncvla.learner.ingest import PoisonCounts
+    counts = PoisonCounts(limit=3)
+    assert counts.add(["a", "b"]) == [] and counts.add(["a"]) == []
+    assert counts.add(["a", "b", "b"]) == ["a", "b"]
+    assert counts.add(["a", "b"]) == []                    # named once
+    assert PoisonCounts(limit=0).add(["a"] * 100) == []    # 0: never
