@@ -1,12 +1,13 @@
 """The fault suite, small (tests/faults_harness.py; the full one is tests/benchmarks/faults.py): a
 real `asyncvla train` on loopback — DeepSpeed learner, local actors, evaluator — under every
-attack of the reliability issue, then its table. 10^4 fuzz messages per port, a hello flood,
-spoofed heartbeats and byes, an actor SIGTERM, hellos, heartbeats and byes under a live actor's id,
+attack of the reliability issue, then its table. 10^4 fuzz messages per port, hellos without the
+run's join secret, a hello flood, spoofed heartbeats and byes, an actor SIGTERM, hellos, heartbeats
+and byes under a live actor's id, a squatter on a killed actor's id,
 segments lying about their seq and episode stats, a full disk during a save, 30 s of actor churn,
 a starving learner, an evaluator SIGKILL, Ctrl-C and --resume, a learner SIGKILL during a save
 and --resume, a launcher SIGKILL, a fake learner serving escaping file names; resumptions of copies
-of the run (another policy shape, an older checkpoint then Ctrl-C, a NaN in a saved EMA) and
-Ctrl-C during start-up; then careless configs and disks (nan/inf values, learner.lr=1e6, a
+of the run (another policy shape, an older checkpoint then Ctrl-C, a NaN in a saved EMA), Ctrl-C
+during start-up and a flow-head run sent huge chains; then careless configs and disks (nan/inf values, learner.lr=1e6, a
 checkpoint folder that cannot be written, a final save that fails). ~6 minutes on 2 cores.
 
 The promises checked: no learner or actor crash, no hang, no unauthorised action, learner RSS
