@@ -405,6 +405,18 @@ def hand_targets(ref, batch, cfg, value_affine=(0.0, 1.0)) -> dict:
     return {"vs": vs[:T], "advantages": adv, "values": V[:T]}
 
 
+def policy_engine(cfg, out: Path, rank: int):
+    """(an un-sharded copy of the policy, the policy in a ZeRO-3 engine): built once by rank 0 into
+    out/policy_init and loaded by every rank, as the learner does."""
+    from asyncvla.common.policy import VLAPolicy
+    torch.manual_seed(cfg.actor.seed)
+    if rank == 0:
+        VLAPolicy.build(cfg.policy).save_pretrained(str(out / "policy_init"))
+    dist.barrier()
+    ref = VLAPolicy.from_pretrained(str(out / "policy_init"))
+    return ref, ds_engine.build_engine(VLAPolicy.from_pretrained(str(out / "policy_init")), cfg, 1)
+
+
 def phase_update(out: Path, rank: int, world: int) -> dict:
     """The learner's update on a ZeRO-3 engine beside an un-sharded copy: compute_targets against
     hand-computed V-trace targets, ppo_epochs' statistics against the loss on the copy's outputs,
@@ -419,12 +431,7 @@ def phase_update(out: Path, rank: int, world: int) -> dict:
     cfg = load_config(None, POLICY_OVERRIDES + ["learner.micro_batch_size=64", "algorithm.update_epochs=1",
                                                 "algorithm.num_minibatches=1", "algorithm.gamma=0.9",
                                                 "algorithm.vtrace_lambda=0.8", "algorithm.rho_bar=1.5"])
-    torch.manual_seed(cfg.actor.seed)
-    if rank == 0:
-        VLAPolicy.build(cfg.policy).save_pretrained(str(out / "policy_init"))
-    dist.barrier()
-    ref = VLAPolicy.from_pretrained(str(out / "policy_init"))
-    engine = ds_engine.build_engine(VLAPolicy.from_pretrained(str(out / "policy_init")), cfg, 1)
+    ref, engine = policy_engine(cfg, out, rank)
     batch, segment = update_batch(ref, cfg, rank)
     device = torch.device("cpu")
 
@@ -484,12 +491,7 @@ def phase_poison(out: Path, rank: int, world: int) -> dict:
     cfg = load_config(None, POLICY_OVERRIDES + ["policy.action_head=flow", "policy.is_lora=false",
                                                 "learner.micro_batch_size=8", "algorithm.update_epochs=2",
                                                 "algorithm.num_minibatches=2"])
-    torch.manual_seed(cfg.actor.seed)
-    if rank == 0:
-        VLAPolicy.build(cfg.policy).save_pretrained(str(out / "policy_init"))
-    dist.barrier()
-    policy = VLAPolicy.from_pretrained(str(out / "policy_init"))
-    engine = ds_engine.build_engine(VLAPolicy.from_pretrained(str(out / "policy_init")), cfg, 1)
+    policy, engine = policy_engine(cfg, out, rank)
     p = cfg.policy
     spec = SegmentSpec(image_size=p.image_size, instruction_len=p.max_instruction_tokens,
                        num_tokens=p.num_action_chunks * p.action_dim, num_action_chunks=p.num_action_chunks,

@@ -304,32 +304,52 @@ def test_a_restarted_actor_takes_its_id_once_the_old_connection_closed(caplog):
         control.close(notify=False)
 
 
-def test_a_refused_hello_on_rejoining_is_retried():
-    """A learner that still holds the id for the actor's previous connection refuses its hello
-    after a reconnect; the client says hello again instead of failing for good."""
-    ctx = zmq.Context()
-    learner = ctx.socket(zmq.ROUTER)
-    learner.linger = 0
-    learner.bind("tcp://127.0.0.1:*")
-    welcome = {"config": {}, "trajectory_endpoints": ["tcp://127.0.0.1:2"], "weights_endpoint": "tcp://127.0.0.1:3",
+class FakeLearner:
+    """A bare ROUTER that answers a client's hellos as a test scripts them."""
+    WELCOME = {"config": {}, "trajectory_endpoints": ["tcp://127.0.0.1:2"], "weights_endpoint": "tcp://127.0.0.1:3",
                "weight_version": 0, "policy": {"path": "/p"}, "rollout": {}, "token": "t"}
-    client = transport.LearnerClient(bound_endpoint(learner), "a", tcfg(heartbeat_timeout_s=30.0))
 
-    def answer_hello(reply):
-        while learner.poll(10_000):
-            peer, *frames = learner.recv_multipart()
+    def __init__(self):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.linger = 0
+        self.sock.bind("tcp://127.0.0.1:*")
+        self.endpoint = bound_endpoint(self.sock)
+
+    def answer_hello(self, reply) -> bytes:
+        """Answer the next hello with `reply` (frames); the client's identity."""
+        while self.sock.poll(10_000):
+            peer, *frames = self.sock.recv_multipart()
             if P.decode(frames, P.Limits.for_kind("request", 1)).kind == "hello":
-                learner.send_multipart([peer, *reply])
+                self.sock.send_multipart([peer, *reply])
                 return peer
         raise AssertionError("no hello")
-    try:
+
+    def join(self, client, welcome: dict) -> bytes:
+        """Welcome `client`'s first hello with `welcome`; the client's identity."""
         joined = []
         thread = threading.Thread(target=lambda: joined.append(client.join(timeout=20)))
         thread.start()
-        peer = answer_hello(P.encode_control("welcome", welcome))
+        peer = self.answer_hello(P.encode_control("welcome", welcome))
         thread.join()
         assert joined[0] is not None
-        learner.send_multipart([peer, *P.encode_control("rejoin")])         # "who are you?"
+        return peer
+
+    def close(self):
+        self.sock.close()
+        self.ctx.term()
+
+
+def test_a_refused_hello_on_rejoining_is_retried():
+    """A learner that still holds the id for the actor's previous connection refuses its hello
+    after a reconnect; the client says hello again instead of failing for good."""
+    learner = FakeLearner()
+    welcome = FakeLearner.WELCOME
+    answer_hello = learner.answer_hello
+    client = transport.LearnerClient(learner.endpoint, "a", tcfg(heartbeat_timeout_s=30.0))
+    try:
+        peer = learner.join(client, welcome)
+        learner.sock.send_multipart([peer, *P.encode_control("rejoin")])         # "who are you?"
         answer_hello(P.encode_control("error", {"message": "actor_id 'a' is live in another process"}))
         answer_hello(P.encode_control("welcome", {**welcome, "token": "t2"}))
         assert wait_until(lambda: client.rejoins == 1)
@@ -337,7 +357,6 @@ def test_a_refused_hello_on_rejoining_is_retried():
     finally:
         client.close()
         learner.close()
-        ctx.term()
 
 
 ACTOR = r"""
@@ -576,34 +595,18 @@ def test_a_rejoin_says_whether_the_learner_restarted_or_only_lost_the_actor(capl
     """A welcome names its learner (learner_id). Asked to rejoin by the same learner (it had timed
     the actor out: e.g. an actor paused with SIGSTOP), the client says so and counts no restart;
     welcomed by another learner, it counts a restart (the actor then drops its weights)."""
-    ctx = zmq.Context()
-    learner = ctx.socket(zmq.ROUTER)
-    learner.linger = 0
-    learner.bind("tcp://127.0.0.1:*")
-    welcome = {"config": {}, "trajectory_endpoints": ["tcp://127.0.0.1:2"], "weights_endpoint": "tcp://127.0.0.1:3",
-               "weight_version": 0, "policy": {"path": "/p"}, "rollout": {}, "token": "t", "learner_id": "A"}
-    client = transport.LearnerClient(bound_endpoint(learner), "a", tcfg(heartbeat_timeout_s=30.0))
-
-    def answer_hello(reply):
-        while learner.poll(10_000):
-            peer, *frames = learner.recv_multipart()
-            if P.decode(frames, P.Limits.for_kind("request", 1)).kind == "hello":
-                learner.send_multipart([peer, *reply])
-                return peer
-        raise AssertionError("no hello")
+    learner = FakeLearner()
+    welcome = {**FakeLearner.WELCOME, "learner_id": "A"}
+    client = transport.LearnerClient(learner.endpoint, "a", tcfg(heartbeat_timeout_s=30.0))
     try:
         with caplog.at_level(logging.INFO, logger="asyncvla.transport"):
-            joined = []
-            thread = threading.Thread(target=lambda: joined.append(client.join(timeout=20)))
-            thread.start()
-            peer = answer_hello(P.encode_control("welcome", welcome))
-            thread.join()
-            assert joined[0] is not None and client.learner_id == "A"
-            learner.send_multipart([peer, *P.encode_control("rejoin")])       # the same learner lost us
-            peer = answer_hello(P.encode_control("welcome", welcome))
+            peer = learner.join(client, welcome)
+            assert client.learner_id == "A"
+            learner.sock.send_multipart([peer, *P.encode_control("rejoin")])       # the same learner lost us
+            peer = learner.answer_hello(P.encode_control("welcome", welcome))
             assert wait_until(lambda: client.rejoins == 1) and client.restarts == 0
-            learner.send_multipart([peer, *P.encode_control("rejoin")])
-            answer_hello(P.encode_control("welcome", {**welcome, "learner_id": "B"}))   # a new learner
+            learner.sock.send_multipart([peer, *P.encode_control("rejoin")])
+            learner.answer_hello(P.encode_control("welcome", {**welcome, "learner_id": "B"}))   # a new learner
             assert wait_until(lambda: client.rejoins == 2) and client.restarts == 1 and client.learner_id == "B"
         said = [r.getMessage() for r in caplog.records if "rejoined" in r.getMessage() or "restarted" in r.getMessage()]
         assert len(said) == 2 and "the same learner" in said[0] and "restarted" not in said[0], said
@@ -611,7 +614,6 @@ def test_a_rejoin_says_whether_the_learner_restarted_or_only_lost_the_actor(capl
     finally:
         client.close()
         learner.close()
-        ctx.term()
 
 
 def test_a_first_hello_refused_as_id_taken_is_said_again_until_the_id_is_free():
