@@ -1,9 +1,9 @@
 """The rollout loop's body: act on `num_envs` envs for T policy steps and cut one segment.
 
-A segment holds T+1 observations (the last one bootstraps V), the sampled action tokens with
-their token-level behaviour log-probs, rewards, terminated/truncated apart, the final observations
-of truncated episodes and the stats of episodes that ended. Field names and shapes are the
-protocol's (common/protocol.py).
+A segment holds T+1 observations (the last one bootstraps V), the head's replay of each sampled
+chunk with its behaviour log-probs per action entry, rewards, terminated/truncated apart, the
+final observations of truncated episodes and the stats of episodes that ended. Field names and
+shapes are the protocol's (common/protocol/segments.py) and the head's (`replay_fields`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from asyncvla.common.protocol import FLOW_FIELDS, OBS_FIELDS, SEGMENT_FIELDS, final_field
+from asyncvla.common.protocol import OBS_FIELDS, SEGMENT_FIELDS, final_field
 
 
 class InstructionCache:
@@ -42,12 +42,11 @@ def start(env) -> RolloutState:
 
 def collect_segment(env, policy, tokenize: InstructionCache, state: RolloutState, T: int,
                     temperature: float, generator=None) -> tuple[dict, dict]:
-    """Run T policy steps; return (arrays named and typed as protocol.SEGMENT_FIELDS, info).
-    `state` is advanced in place."""
+    """Run T policy steps; return (arrays named and typed as the segment schema and the policy
+    head's replay fields, info). `state` is advanced in place."""
     obs_seq, episodes = [], []
-    steps = {k: [] for k in ("behavior_logp", "rewards", "terminated", "truncated")}
-    # a token head's action tokens, or a flow head's chains (protocol.FLOW_FIELDS)
-    steps.update({k: [] for k in (FLOW_FIELDS if policy.cfg.action_head == "flow" else ("action_tokens",))})
+    fields = {**SEGMENT_FIELDS, **policy.head.replay_fields()}
+    steps = {k: [] for k in ("behavior_logp", "rewards", "terminated", "truncated", *policy.head.replay_fields())}
     finals = {"index": [], "rows": []}
     env_steps, act_s, env_s = 0, 0.0, 0.0
     for t in range(T):
@@ -60,11 +59,9 @@ def collect_segment(env, policy, tokenize: InstructionCache, state: RolloutState
         step = env.step_chunk(np.asarray(out.actions))
         env_s += time.perf_counter() - t1
         act_s += t1 - t0
-        for k, v in (("action_tokens", out.action_tokens), ("flow_chain", out.flow_chain),
-                     ("flow_stochastic", out.flow_stochastic), ("behavior_logp", out.logprobs),
-                     ("rewards", step.reward), ("terminated", step.terminated), ("truncated", step.truncated)):
-            if k in steps:
-                steps[k].append(np.asarray(v))
+        for k, v in (*out.replay.items(), ("behavior_logp", out.logprobs), ("rewards", step.reward),
+                     ("terminated", step.terminated), ("truncated", step.truncated)):
+            steps[k].append(np.asarray(v))
         _keep_truncation_finals(finals, t, step, obs)
         episodes += step.episodes
         env_steps += int(step.env_steps)
@@ -80,7 +77,7 @@ def collect_segment(env, policy, tokenize: InstructionCache, state: RolloutState
             arrays[final_field(k)] = np.stack(rows) if rows else np.zeros((0, *arrays[k].shape[2:]))
     for k in ("return", "length", "success"):
         arrays[f"ep_{k}"] = np.asarray([e[k] for e in episodes])
-    arrays = {k: v.astype(SEGMENT_FIELDS[k].dtype, copy=False) for k, v in arrays.items()}
+    arrays = {k: v.astype(fields[k].dtype, copy=False) for k, v in arrays.items()}
     info = {"env_steps": env_steps, "act_s": act_s, "env_s": env_s, "num_envs": env.num_envs,
             "episodes": len(episodes)}
     return arrays, info

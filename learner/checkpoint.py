@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asyncvla.common.config import ConfigError, to_dict
+from asyncvla.common.config import ConfigError, structural_keys, to_dict
 
 log = logging.getLogger("asyncvla.learner")
 
@@ -70,11 +70,8 @@ SAFE_GLOBALS = frozenset({
 TAG_RE = re.compile(r"^step_(\d{8,})$")
 # Config keys a resumed run cannot change: they set the policy's parameter shapes or its action
 # interface, and a resumed run trains the checkpoint's policy (RUN/policy_init) whatever they say.
-FIXED_ON_RESUME = ("policy.backbone", "policy.image_size", "policy.action_dim", "policy.num_action_chunks",
-                   "policy.n_bins", "policy.action_low", "policy.action_high", "policy.action_head",
-                   "policy.max_instruction_tokens", "policy.state_dim", "policy.is_lora", "policy.lora_rank",
-                   "policy.lora_target_modules", "policy.value_head_hidden", "policy.value_encoder",
-                   "policy.cnn_image_tokens")
+# Declared on the config's fields (`opt(..., structural=True)`).
+FIXED_ON_RESUME = tuple(structural_keys())
 
 
 class CheckpointError(ConfigError):

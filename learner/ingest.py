@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from asyncvla.common.protocol import FINAL_FIELDS, TIME_MAJOR_FIELDS
+from asyncvla.common.protocol import FINAL_FIELDS, time_major
 from asyncvla.common.sockets import DropLog
 
 # How far a stream's seq may run past its highest in one segment. An actor counts up by one per
@@ -118,7 +118,7 @@ class ColumnBuffer:
 def concat_columns(parts) -> Batch:
     """Concatenate column ranges [lo, hi) of several segments along the column axis; parts are
     (arrays, version, lo, hi, actor id)."""
-    keys = [k for k in TIME_MAJOR_FIELDS if k in parts[0][0]]
+    keys = time_major(parts[0][0])
     arrays = {k: np.concatenate([a[k][:, lo:hi] for a, _, lo, hi, _ in parts], axis=1) for k in keys}
     versions = np.concatenate([np.full(hi - lo, v, np.int64) for _, v, lo, hi, _ in parts])
     actors = [actor for _, _, lo, hi, actor in parts for _ in range(hi - lo)]

@@ -93,8 +93,8 @@ def run(cfg: Config) -> int:
     auth_key = _token_key(cfg)
     if cfg.transport.reuse_receive_buffers:
         keep_freed_buffers()           # before the first segment: see common/allocator.py
-    receiver = transport.TrajectoryReceiver(cfg.transport, rank, _segment_spec(cfg, engine.module.action_tokenizer),
-                                            auth_key=auth_key)
+    spec = SegmentSpec.for_policy(cfg, engine.module.head, engine.module.action_tokenizer)
+    receiver = transport.TrajectoryReceiver(cfg.transport, rank, spec, auth_key=auth_key)
     endpoints = _all_gather(receiver.endpoint)
     servers = _serve(cfg, run_dir, policy_dir, endpoints, world, lambda: version, metrics, auth_key) \
         if rank == 0 else ()
@@ -348,21 +348,6 @@ def _check_geometry(cfg: Config, world: int) -> int:
 def _micro_per_minibatch(cfg: Config, cols_per_rank: int) -> int:
     per_minibatch = cols_per_rank * cfg.actor.rollout_length // cfg.algorithm.num_minibatches
     return -(-per_minibatch // cfg.learner.micro_batch_size)
-
-
-def _segment_spec(cfg: Config, tokenizer) -> SegmentSpec:
-    """What this learner accepts: its shapes, action tokens among the tokenizer's action ids
-    (`update` indexes bins with them), rewards within learner.max_abs_reward, episode lengths
-    within env.max_episode_steps."""
-    p = cfg.policy
-    return SegmentSpec(image_size=p.image_size, instruction_len=p.max_instruction_tokens,
-                       num_tokens=p.num_action_chunks * p.action_dim, num_action_chunks=p.num_action_chunks,
-                       state_dim=cfg.policy.state_dim,
-                       action_level_rewards=cfg.algorithm.reward_type == "action_level",
-                       num_steps=cfg.actor.rollout_length,
-                       vocab_size=tokenizer.vocab_size, first_action_id=tokenizer.first_id,
-                       max_abs_reward=cfg.learner.max_abs_reward, max_episode_steps=cfg.env.max_episode_steps,
-                       flow_steps=p.flow.num_steps if p.action_head == "flow" else 0, action_dim=p.action_dim)
 
 
 def _ban_poisoners(actors: list[str], step: int, inbox: Inbox, servers, limit: int) -> None:

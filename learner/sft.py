@@ -5,10 +5,12 @@
 It trains the RL learner's own policy on the RL learner's own DeepSpeed ZeRO-3 engine
 (`engine.build_engine`) and checkpoints with the same code (`checkpoint.save/load`). The loop:
     a minibatch of demo samples (learner/sft_data.py)
-    loss = cross-entropy of the demo's action tokens (teacher-forced, temperature 1)
-           (a flow head: pi0's flow-matching loss on the demo's action chunk)
+    loss = the action head's supervised loss on the demo's action chunk (its `sft_loss`: a token
+           head's cross-entropy of the demo's tokens, a flow head's flow-matching loss, a Gaussian
+           head's negative log-likelihood)
          + value_loss_coef * (V(x) - G)^2        (critic warm-up on the demos' discounted returns)
-    every eval_interval and at the end: validation loss, token accuracy, critic explained variance,
+    every eval_interval and at the end: validation loss, the head's statistics (a token head's
+        token accuracy), critic explained variance,
         and success of the policy sampled as actors sample (the launcher's `evaluate` callback)
     every save_interval: a checkpoint; a rerun continues from the latest complete one
 At the end the policy goes to RUN/sft/policy (`save_pretrained`), which `policy.pretrained_path`,
@@ -59,8 +61,8 @@ def demo_spec(cfg: Config) -> DemoSpec:
 
 def sft_loss(policy_loss: torch.Tensor, values: torch.Tensor, returns: torch.Tensor,
              value_loss_coef: float) -> tuple[torch.Tensor, dict]:
-    """Mean of the per-sample policy losses (a token head's cross-entropy, a flow head's
-    flow-matching loss) + value_loss_coef * mean squared error of V against the returns."""
+    """Mean of the per-sample policy losses (the head's `sft_loss`) + value_loss_coef * mean
+    squared error of V against the returns."""
     ce = policy_loss.mean()
     value_loss = (values - returns).pow(2).mean()
     loss = ce + value_loss_coef * value_loss
@@ -108,7 +110,6 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
     per_rank = sc.batch_size // world
     accum = -(-per_rank // cfg.learner.micro_batch_size)
     engine = ds_engine.build_engine(policy, engine_cfg, gradient_accumulation_steps=accum)
-    tokenizer = policy.action_tokenizer
     ids, mask = _tokenize(policy, samples.instructions)
 
     step, history = 0, []
@@ -126,7 +127,7 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
     while step < sc.steps:
         batch = rng.choice(len(train), sc.batch_size, replace=len(train) < sc.batch_size)
         mine = batch[rank * per_rank:(rank + 1) * per_rank]      # every rank draws the same batch
-        stats = _train_step(engine, train, mine, ids, mask, tokenizer, cfg, accum, rng)
+        stats = _train_step(engine, train, mine, ids, mask, cfg, accum, rng)
         step += 1
         if writer is not None:
             for k, v in stats.items():
@@ -138,7 +139,7 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
         if last or (sc.eval_interval and step % sc.eval_interval == 0):
             if evaluate is not None:       # (minutes on ManiSkill: say so rather than look stuck)
                 bar.set_description(f"sft: evaluating on {sc.eval_episodes} episodes", refresh=True)
-            record = _evaluate(engine, eval_policy, val, ids, mask, tokenizer, cfg, step, evaluate)
+            record = _evaluate(engine, eval_policy, val, ids, mask, cfg, step, evaluate)
             bar.set_description("sft", refresh=False)
             record.update(step=step, wall_s=round(time.perf_counter() - t0, 1))
             history.append(record)
@@ -184,60 +185,56 @@ def _tokenize(policy, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return ids[index], mask[index]
 
 
-def _forward(engine, data: SFTSamples, index, ids, mask, tokenizer, cfg: Config, rng=None, seed: int = 0):
-    """Teacher-forced pass over samples `index` of `data` (ids/mask are indexed by data's rows);
-    with `rng` (training), images get sft.augment_shift. Returns (per-sample losses [n], values,
-    returns, token hits [n, N] or None): a token head's cross-entropy of the demo tokens, a flow
-    head's flow-matching loss (its noise and times drawn from `rng`, else from `seed`)."""
+def _forward(engine, data: SFTSamples, index, ids, mask, cfg: Config, rng=None, seed: int = 0):
+    """The head's supervised loss on samples `index` of `data` (ids/mask are indexed by data's
+    rows); with `rng` (training), images get sft.augment_shift. Returns (per-sample losses [n],
+    values, returns, per-sample stats {name: [n]}); what the head draws (a flow head's noise and
+    times) comes from `rng`, else from `seed`."""
     device = next(engine.module.parameters()).device
     t = lambda x: torch.as_tensor(np.ascontiguousarray(x), device=device)   # noqa: E731
     state = None if data.states is None else t(data.states[index])
     images = data.images[index]
     if rng is not None:
         images = random_shift(images, cfg.sft.augment_shift, rng)
-    returns = t(data.returns[index]).float()
-    if cfg.policy.action_head == "flow":
+    gen = None
+    if engine.module.head.sft_draws:      # (else no draw from rng: the demo batches stay as they were)
         gen = torch.Generator().manual_seed(int(rng.integers(1 << 31)) if rng is not None else seed)
-        loss, values = engine(t(images), t(ids[index]), t(mask[index]), state,
-                              flow_matching_actions=t(data.actions[index]), generator=gen)
-        return loss.expand(len(index)), values, returns, None
-    tokens = t(tokenizer.encode(data.actions[index].reshape(len(index), -1)))
-    out = engine(t(images), t(ids[index]), t(mask[index]), state, tokens, "token_level", temperature=1.0)
-    return -out.logprobs.mean(1), out.values, returns, out.mode_tokens == tokens
+    out = engine(t(images), t(ids[index]), t(mask[index]), state, demo_actions=t(data.actions[index]), generator=gen)
+    return out.loss, out.values, t(data.returns[index]).float(), out.stats
 
 
-def _train_step(engine, data: SFTSamples, index, ids, mask, tokenizer, cfg: Config, accum: int,
+def _train_step(engine, data: SFTSamples, index, ids, mask, cfg: Config, accum: int,
                 rng: np.random.Generator) -> dict:
     engine.train()
     sums = {"loss": 0.0, "value_loss": 0.0}
     micro = np.array_split(index, accum)
     for rows in micro:
-        losses, values, returns, hits = _forward(engine, data, rows, ids, mask, tokenizer, cfg, rng)
+        losses, values, returns, head_stats = _forward(engine, data, rows, ids, mask, cfg, rng)
         loss, stats = sft_loss(losses, values, returns, cfg.sft.value_loss_coef)
         engine.backward(loss * (len(rows) * accum / len(index)))     # DeepSpeed divides by accum
         engine.step()
-        if hits is not None:
-            stats["token_accuracy"] = float(hits.float().mean())
+        stats.update({k: float(v.float().mean()) for k, v in head_stats.items()})
         for k, v in stats.items():
             sums[k] = sums.get(k, 0.0) + v * len(rows) / len(index)
     return sums
 
 
 @torch.no_grad()
-def _evaluate(engine, eval_policy, val, ids, mask, tokenizer, cfg, step, evaluate) -> dict:
-    """Validation loss / token accuracy / critic explained variance, then success (rank 0)."""
+def _evaluate(engine, eval_policy, val, ids, mask, cfg, step, evaluate) -> dict:
+    """Validation loss, the head's statistics (val_<name>), critic explained variance, then
+    success (rank 0)."""
     record = {"val_loss": None, "val_token_accuracy": None, "val_explained_variance": None}
     if val is not None:
         engine.eval()
-        losses, hits, values = [], [], []
+        losses, values, head_stats = [], [], {}
         for i, rows in enumerate(np.array_split(np.arange(len(val)), -(-len(val) // cfg.learner.micro_batch_size))):
-            loss, value, _, hit = _forward(engine, val, rows, ids, mask, tokenizer, cfg, seed=i)
+            loss, value, _, stats = _forward(engine, val, rows, ids, mask, cfg, seed=i)
             losses.append(loss)
             values.append(value)
-            if hit is not None:
-                hits.append(hit.float().mean(1))
+            for k, v in stats.items():
+                head_stats.setdefault(k, []).append(v.float())
         record["val_loss"] = float(torch.cat(losses).mean())
-        record["val_token_accuracy"] = float(torch.cat(hits).mean()) if hits else None
+        record.update({f"val_{k}": float(torch.cat(v).mean()) for k, v in head_stats.items()})
         record["val_explained_variance"] = explained_variance(torch.cat(values).cpu().numpy(), val.returns)
     weights = gather_trainable(engine)         # a collective: every rank
     if eval_policy is not None and evaluate is not None:

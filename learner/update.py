@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from asyncvla.common.config import Config
 from asyncvla.common.policy import reduce_logprobs
-from asyncvla.common.protocol import FLOW_FIELDS, OBS_FIELDS, final_field
+from asyncvla.common.protocol import OBS_FIELDS, final_field
 from asyncvla.learner.ingest import Batch
 from asyncvla.learner.loss import masked_mean_std, ppo_loss_from_config
 from asyncvla.learner.sft_data import random_shift
@@ -131,8 +131,8 @@ def outputs_finite(engine, batch: Batch, cfg: Config, device) -> bool:
     a = batch.arrays
     rows = slice(0, min(a["terminated"].shape[1], cfg.learner.micro_batch_size))
     obs = {k: a[k][0, rows] for k in OBS_FIELDS if k in a}
-    args, kwargs = _inputs(obs, {k: a[k][0, rows] for k in _action_fields(a)}, device)
-    out = engine(*args, cfg.algorithm.logprob_type, **kwargs)
+    out = engine(**_inputs(obs, {k: a[k][0, rows] for k in _replay_names(engine)}, device),
+                 logprob_type=cfg.algorithm.logprob_type)
     bad = torch.tensor([0 if bool(torch.isfinite(out.logprobs).all() and torch.isfinite(out.values).all())
                         else 1], device=device)
     if dist.is_available() and dist.is_initialized():
@@ -155,7 +155,7 @@ def compute_targets(engine, batch: Batch, cfg: Config, device, value_norm: Value
     # π_θ on all T+1 observations (the last only for its value) and on the truncation finals.
     obs = {k: _flat(a[k]) for k in OBS_FIELDS if k in a}                  # [(T+1)*N, ...]
     # (the last observation's actions: any valid ones, only V is used there; likewise for the finals)
-    actions = {k: _flat(np.concatenate([a[k], a[k][-1:]])) for k in _action_fields(a)}
+    actions = {k: _flat(np.concatenate([a[k], a[k][-1:]])) for k in _replay_names(engine)}
     n_final = _max_over_ranks(len(batch.final_index), device)
     if n_final:
         fin = _pad_rows({k: batch.finals[final_field(k)] for k in obs if final_field(k) in batch.finals},
@@ -164,8 +164,8 @@ def compute_targets(engine, batch: Batch, cfg: Config, device, value_norm: Value
         actions = {k: np.concatenate([v, np.repeat(v[:1], n_final, axis=0)]) for k, v in actions.items()}
     logp, values = [], []
     for sl in _chunks(len(obs["image"]), cfg.learner.micro_batch_size):
-        args, kwargs = _inputs({k: v[sl] for k, v in obs.items()}, {k: v[sl] for k, v in actions.items()}, device)
-        out = engine(*args, level, **kwargs)
+        out = engine(**_inputs({k: v[sl] for k, v in obs.items()}, {k: v[sl] for k, v in actions.items()}, device),
+                     logprob_type=level)
         logp.append(out.logprobs.float())
         values.append(out.values.float())
     logp, values = torch.cat(logp), torch.cat(values)
@@ -228,7 +228,7 @@ def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device, seed: i
     a = batch.arrays
     T, N = a["terminated"].shape[:2]
     obs = {k: _flat(a[k][:T]) for k in OBS_FIELDS if k in a}
-    actions = {k: _flat(a[k]) for k in _action_fields(a)}
+    actions = {k: _flat(a[k]) for k in _replay_names(engine)}
     flat = {k: targets[k].reshape(T * N, *targets[k].shape[2:])
             for k in ("behavior_logp", "prox_logp", "old_values", "vs", "advantages", "rhos", "mask")}
     alg = cfg.algorithm
@@ -246,12 +246,11 @@ def ppo_epochs(engine, batch: Batch, targets: dict, cfg: Config, device, seed: i
             losses_finite, loss_text = True, ""
             for sl in micro:
                 idx = mb[sl]
-                args, kwargs = _inputs({k: v[idx] for k, v in obs.items()}, {k: v[idx] for k, v in actions.items()},
-                                       device)
+                inputs = _inputs({k: v[idx] for k, v in obs.items()}, {k: v[idx] for k, v in actions.items()}, device)
                 if alg.value_augment_shift:
-                    kwargs["value_image"] = torch.from_numpy(
+                    inputs["value_image"] = torch.from_numpy(
                         random_shift(obs["image"][idx], alg.value_augment_shift, shift_rng)).to(device)
-                out = engine(*args, alg.logprob_type, **kwargs)
+                out = engine(**inputs, logprob_type=alg.logprob_type)
                 t_idx = torch.from_numpy(idx).to(device)
                 loss, stats = ppo_loss_from_config(
                     alg, new_logp=out.logprobs.float(), behavior_logp=flat["behavior_logp"][t_idx],
@@ -296,19 +295,16 @@ def _chunks(n: int, size: int):
         yield slice(lo, min(n, lo + size))
 
 
-def _action_fields(arrays: dict) -> tuple:
-    """What the policy scores: a token head's action tokens, or a flow head's chains."""
-    return tuple(k for k in ("action_tokens", *FLOW_FIELDS) if k in arrays)
+def _replay_names(engine) -> tuple:
+    """The arrays that describe the policy's actions, which it scores again: its head's replay."""
+    return tuple(engine.module.head.replay_fields())
 
 
-def _inputs(obs: dict, actions: dict, device):
-    """(args, kwargs) of engine(*args, logprob_type, **kwargs): the observation and the action
-    tokens (None for a flow head), and a flow head's chains."""
+def _inputs(obs: dict, replay: dict, device) -> dict:
+    """The policy's named inputs (VLAPolicy.forward): the observation and the replay of its actions."""
     t = lambda x: torch.from_numpy(np.ascontiguousarray(x)).to(device)   # noqa: E731
-    args = (t(obs["image"]), t(obs["instruction"]), t(obs["instruction_mask"]),
-            t(obs["state"]) if "state" in obs else None,
-            t(actions["action_tokens"]) if "action_tokens" in actions else None)
-    return args, {k: t(actions[k]) for k in FLOW_FIELDS if k in actions}
+    return {"image": t(obs["image"]), "ids": t(obs["instruction"]), "mask": t(obs["instruction_mask"]),
+            "state": t(obs["state"]) if "state" in obs else None, "replay": {k: t(v) for k, v in replay.items()}}
 
 
 def _pad_rows(arrays: dict, n: int, like: dict) -> dict:

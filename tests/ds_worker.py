@@ -17,6 +17,7 @@ OUT_DIR/<phase>_rank<r>.pt; the tests assert on those records.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import copy
 import errno
 import random
@@ -317,7 +318,7 @@ def phase_policy(out: Path, rank: int, world: int) -> dict:
         ema.update(gathered)
     image, ids, mask, tokens = policy_batch(policy, rank)
     for _ in range(POLICY_UPDATES):
-        o = engine(image, ids, mask, None, tokens)
+        o = engine(image, ids, mask, None, replay={"action_tokens": tokens})
         engine.backward(-o.logprobs.mean() + o.values.square().mean())
         engine.step()
         gathered = gather_trainable(engine)
@@ -338,12 +339,10 @@ def update_batch(policy, cfg, rank: int):
     from asyncvla.common.protocol import Segment, SegmentSpec
     from asyncvla.learner.ingest import ColumnBuffer
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # this script runs from tests/
-    from tests.test_protocol import make_segment
+    from tests.support.segments import make_segment
 
     p = cfg.policy
-    spec = SegmentSpec(image_size=p.image_size, instruction_len=p.max_instruction_tokens,
-                       num_tokens=p.num_action_chunks * p.action_dim, num_action_chunks=p.num_action_chunks,
-                       num_steps=UPDATE_T)
+    spec = dataclasses.replace(SegmentSpec.for_policy(cfg, policy.head, policy.action_tokenizer), num_steps=UPDATE_T)
     seg = make_segment(spec, B=UPDATE_B, truncations=2, rng=np.random.default_rng(7 + rank))
     a = dict(seg.arrays)
     ids, mask = policy.tokenize(["move the white dot to the red square"])
@@ -369,7 +368,8 @@ def hand_targets(ref, batch, cfg, value_affine=(0.0, 1.0)) -> dict:
 
     def evaluate(image, ids, mask, tokens):
         with torch.no_grad():
-            o = ref.evaluate(image[None], ids[None], mask[None], None, tokens[None], alg.logprob_type)
+            o = ref.evaluate(image[None], ids[None], mask[None], None, {"action_tokens": tokens[None]},
+                             alg.logprob_type)
         return o.logprobs[0].double(), value_affine[0] + value_affine[1] * float(o.values[0])
 
     V = np.zeros((T + 1, B))
@@ -449,7 +449,7 @@ def phase_update(out: Path, rank: int, world: int) -> dict:
     flat = lambda x: x.reshape(T * B, *x.shape[2:])   # noqa: E731
     with torch.no_grad():
         o = ref.evaluate(flat(a["image"][:T]), flat(a["instruction"][:T]), flat(a["instruction_mask"][:T]),
-                         None, flat(a["action_tokens"]), cfg.algorithm.logprob_type)
+                         None, {"action_tokens": flat(a["action_tokens"])}, cfg.algorithm.logprob_type)
     adv = flat(targets["advantages"])
     _, ref_stats = ppo_loss_from_config(
         cfg.algorithm, new_logp=o.logprobs.float(), behavior_logp=flat(targets["behavior_logp"]),
@@ -486,16 +486,14 @@ def phase_poison(out: Path, rank: int, world: int) -> dict:
     from asyncvla.learner.publish import trainable_finite
     from asyncvla.learner.update import FiniteGuard, update
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # this script runs from tests/
-    from tests.test_protocol import make_segment
+    from tests.support.segments import make_segment
 
     cfg = load_config(None, POLICY_OVERRIDES + ["policy.action_head=flow", "policy.is_lora=false",
                                                 "learner.micro_batch_size=8", "algorithm.update_epochs=2",
                                                 "algorithm.num_minibatches=2"])
     policy, engine = policy_engine(cfg, out, rank)
     p = cfg.policy
-    spec = SegmentSpec(image_size=p.image_size, instruction_len=p.max_instruction_tokens,
-                       num_tokens=p.num_action_chunks * p.action_dim, num_action_chunks=p.num_action_chunks,
-                       num_steps=UPDATE_T, flow_steps=p.flow.num_steps, action_dim=p.action_dim)
+    spec = dataclasses.replace(SegmentSpec.for_policy(cfg, policy.head, policy.action_tokenizer), num_steps=UPDATE_T)
     buffer = ColumnBuffer(max_policy_lag=1)
     for actor in ("honest", "poisoner"):        # two segments of 2 columns each
         a = dict(make_segment(spec, B=2, truncations=1, rng=np.random.default_rng(3 + rank)).arrays)

@@ -83,9 +83,9 @@ import zmq
 from asyncvla.common import protocol as P
 from asyncvla.common.signals import descendants, process_start_time, python_module
 from asyncvla.common.trajectory_channel import ack_count
-from tests.ports import run_ports
+from tests.support.ports import run_ports
 from tests.test_e2e_system import SMALL_BACKBONE, start
-from tests.wire import header_of
+from tests.support.wire import header_of
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "configs" / "pixel_task.yaml")
@@ -652,27 +652,20 @@ class SegmentMaker:
     by a fuzz actor that registered like any actor."""
 
     def __init__(self, run: Run, token: str, welcome: dict):
-        from tests.test_protocol import make_segment
-        cfg, policy = welcome["config"], json.loads((run.dir / "policy_init" / "policy.json").read_text())
+        from asyncvla.common.config import from_dict
+        from asyncvla.common.policy.action_tokenizer import ActionTokenizer
+        from asyncvla.common.policy.heads import make_head
+        from tests.support.segments import make_segment
+        cfg, policy = from_dict(welcome["config"]), json.loads((run.dir / "policy_init" / "policy.json").read_text())
         vocab = policy["action_tokens"]["vocab_size"]
-        self.first = vocab - policy["action_tokens"]["n_bins"]
-        p = cfg["policy"]
-        self.flow = p["action_head"] == "flow"
-        self.spec = P.SegmentSpec(image_size=p["image_size"], instruction_len=p["max_instruction_tokens"],
-                                  num_tokens=p["num_action_chunks"] * p["action_dim"],
-                                  num_action_chunks=p["num_action_chunks"], state_dim=p["state_dim"],
-                                  action_level_rewards=cfg["algorithm"]["reward_type"] == "action_level",
-                                  num_steps=cfg["actor"]["rollout_length"], vocab_size=vocab,
-                                  first_action_id=self.first, max_abs_reward=cfg["learner"]["max_abs_reward"],
-                                  flow_steps=p["flow"]["num_steps"] if self.flow else 0, action_dim=p["action_dim"])
-        self.vocab, self.token, self._make = vocab, token, make_segment
+        tokenizer = ActionTokenizer(n_bins=policy["action_tokens"]["n_bins"], vocab_size=vocab)
+        self.spec = P.SegmentSpec.for_policy(cfg, make_head(cfg.policy), tokenizer)
+        self.first, self.vocab, self.token, self._make = tokenizer.first_id, vocab, token, make_segment
 
     def segment(self, rng, version: int, B: int | None = None, seq: int = 0, episodes: int | None = None) -> P.Segment:
         B = B or int(rng.integers(1, 5))
         seg = self._make(self.spec, B=B, seq=seq, actor_id="fuzz-actor", truncations=int(rng.integers(0, 2)),
                          episodes=int(rng.integers(0, 3)) if episodes is None else episodes, rng=rng)
-        if not self.flow:
-            seg.arrays["action_tokens"] = seg.arrays["action_tokens"] % (self.vocab - self.first) + self.first
         seg.meta.update(policy_version=max(0, version), token=self.token)
         return seg
 

@@ -23,7 +23,7 @@ from asyncvla.common import transport
 from asyncvla.common.control import policy_file_parts
 from asyncvla.common.sockets import Node, TransportError, bound_endpoint, printable
 from asyncvla.launch import cli
-from tests.test_protocol import make_segment
+from tests.support.segments import make_segment
 from tests.test_transport import REPO, wait_until
 from tests.test_transport_control import SPEC, tcfg, welcome_fn_for
 

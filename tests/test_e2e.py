@@ -11,7 +11,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from asyncvla.learner.checkpoint import read_client_state
-from tests.ports import run_port_overrides
+from tests.support.ports import run_port_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 

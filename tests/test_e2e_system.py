@@ -28,7 +28,7 @@ from asyncvla.common.control import LearnerClient
 from asyncvla.common.weight_channel import WeightSubscriber
 from asyncvla.launch.train import learner_command
 from asyncvla.learner.checkpoint import read_client_state
-from tests.ports import run_port_overrides
+from tests.support.ports import run_port_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL_BACKBONE = ["policy.backbone.text_layers=1", "policy.backbone.text_hidden_size=64",

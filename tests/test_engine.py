@@ -21,7 +21,7 @@ from asyncvla.common.config import Config
 from asyncvla.learner import engine as ds_engine
 
 from tests import ds_worker as W
-from tests.ports import free_ports
+from tests.support.ports import free_ports
 
 WORKER = Path(__file__).parent / "ds_worker.py"
 DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

@@ -67,7 +67,7 @@ def test_export_of_a_two_rank_zero3_checkpoint_acts_like_the_learner(trained_run
     inputs = fixed_inputs(learner)
     ref = greedy(learner, inputs)
     init = greedy(VLAPolicy.from_pretrained(str(run / "policy_init")), inputs)
-    assert (init.action_tokens != ref.action_tokens).any()   # training moved the greedy actions
+    assert (init.replay["action_tokens"] != ref.replay["action_tokens"]).any()   # training moved the greedy actions
 
     merged = tmp_path / "merged"
     assert cli.main(["export", str(run), "--out", str(merged), "--state-dict"]) == 0
@@ -76,7 +76,7 @@ def test_export_of_a_two_rank_zero3_checkpoint_acts_like_the_learner(trained_run
     exported = VLAPolicy.from_pretrained(str(merged))
     assert not exported.cfg.is_lora
     out = greedy(exported, inputs)
-    np.testing.assert_array_equal(out.action_tokens, ref.action_tokens)
+    np.testing.assert_array_equal(out.replay["action_tokens"], ref.replay["action_tokens"])
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)
     np.testing.assert_allclose(out.values, ref.values, atol=1e-5)
     assert load_config(merged / "config.yaml").env.id == "PixelReach-v0"
@@ -85,7 +85,7 @@ def test_export_of_a_two_rank_zero3_checkpoint_acts_like_the_learner(trained_run
     pt = torch.load(merged / "policy_state_dict.pt", weights_only=False)
     deployed = VLAPolicy.build(from_dict({"policy": pt["policy"]["policy"]}).policy)
     deployed.load_state_dict(pt["state_dict"])
-    np.testing.assert_array_equal(greedy(deployed, inputs).action_tokens, ref.action_tokens)
+    np.testing.assert_array_equal(greedy(deployed, inputs).replay["action_tokens"], ref.replay["action_tokens"])
 
     # --keep-lora --weights ema: the base backbone + a peft adapter holding the published weights.
     adapter = tmp_path / "adapter"
@@ -121,7 +121,7 @@ def bc_fit_on_eval_states(policy, episodes: int, seed: int, steps: int = 200) ->
     ids, mask = policy.tokenize(instr)
     opt = torch.optim.Adam(policy.parameters(), lr=3e-3)
     for _ in range(steps):
-        loss = -policy.evaluate(images, ids, mask, None, tokens).logprobs.mean()
+        loss = -policy.evaluate(images, ids, mask, None, {"action_tokens": tokens}).logprobs.mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -186,7 +186,7 @@ def test_an_evaluator_that_joins_after_the_learner_finished_evaluates_its_final_
     budget at the checkpoint: the evaluator evaluates that checkpoint's published (EMA) weights,
     as `asyncvla eval --weights ema` does, at its step; after a stop it evaluates nothing."""
     from asyncvla.common.rundir import write_end
-    from tests.ports import free_ports
+    from tests.support.ports import free_ports
 
     run, tag, _ = trained_run
     finished, stopped = tmp_path / "finished", tmp_path / "stopped"

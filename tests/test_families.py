@@ -22,7 +22,7 @@ from asyncvla.common.policy import VLAPolicy
 from asyncvla.common.policy.backbone import write_tiny_backbone
 from asyncvla.common.policy.families import FAMILY_NAMES, family_by_name
 from asyncvla.common.policy.families.released import RELEASED, build_on_meta, lora_trainable, parameter_count
-from tests.ports import run_port_overrides
+from tests.support.ports import run_port_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 PIXEL = REPO / "configs" / "pixel_task.yaml"
@@ -68,11 +68,11 @@ def test_act_and_evaluate_agree_bit_for_bit(dirs, family, head):
     image, ids, mask = observation(policy)
     out = policy.act(image, ids, mask, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ev = policy.evaluate(image, ids, mask, None, out.action_tokens)
+        ev = policy.evaluate(image, ids, mask, None, out.replay)
     assert np.array_equal(ev.logprobs.numpy(), out.logprobs) and np.array_equal(ev.values.numpy(), out.values)
     first = policy.action_tokenizer.first_id
     assert first == policy.action_tokenizer.vocab_size - policy.cfg.n_bins        # the vocabulary's last ids
-    assert out.action_tokens.min() >= first
+    assert out.replay["action_tokens"].min() >= first
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
@@ -86,7 +86,7 @@ def test_paligemma_s_prompt_attends_both_ways_the_others_causally(dirs, family):
         inputs = policy._inputs(image[:1], ids[row:row + 1], mask[row:row + 1], None)
         embeds, attn, pos, _ = policy._prompt(*inputs)
         with torch.no_grad():
-            hidden = policy._decode(embeds, policy._prompt_mask(attn, embeds.dtype), pos, None, False).last_hidden_state
+            hidden = policy.decode(embeds, policy.prompt_mask(attn, embeds.dtype), pos, None, False).last_hidden_state
         first.append(hidden[0, policy.layout.image_start])
     assert torch.equal(first[0], first[1]) == (family != "paligemma")
 
@@ -185,7 +185,7 @@ def test_train_with_zero3_on_2_ranks_then_export_acts_as_the_checkpoint(tmp_path
     state = np.zeros((4, exported.cfg.state_dim), np.float32) if exported.cfg.state_dim else None
     a = exported.act(image, ids, mask, state, greedy=True)
     b = trained.act(image, ids, mask, state, greedy=True)
-    assert np.array_equal(a.action_tokens, b.action_tokens)
+    assert np.array_equal(a.replay["action_tokens"], b.replay["action_tokens"])
     assert np.allclose(a.logprobs, b.logprobs, atol=1e-4) and np.allclose(a.values, b.values, atol=1e-4)
 
 

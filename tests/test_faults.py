@@ -34,7 +34,7 @@ from asyncvla.common import protocol as P
 from asyncvla.common import transport
 from asyncvla.learner.ingest import Inbox
 from tests import faults_harness as H
-from tests.test_protocol import make_segment, make_spec
+from tests.support.segments import make_segment, make_spec
 from tests.test_transport import send_raw, wait_until
 from tests.test_transport_control import tcfg, welcome_fn_for
 

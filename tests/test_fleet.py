@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from tests.benchmarks import multinode
-from tests.ports import free_ports, run_ports
+from tests.support.ports import free_ports, run_ports
 from tests.test_e2e_system import SMALL_BACKBONE
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from asyncvla.common.policy import VLAPolicy
-from tests.ports import run_port_overrides
+from tests.support.ports import run_port_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 PIXEL = REPO / "configs" / "pixel_task.yaml"

@@ -30,15 +30,15 @@ def test_the_learner_scores_the_actors_chain_as_the_actor_did(method):
     obs = batch(p)
     out = p.act(*obs, generator=torch.Generator().manual_seed(0))
     k, d = cfg.policy.num_action_chunks, cfg.policy.action_dim
-    assert out.actions.shape == (B, k, d) and out.flow_chain.shape == (B, 6, k, d)
-    assert out.action_tokens.shape == (B, 0) and out.logprobs.shape == (B, k * d)
-    assert out.flow_stochastic.dtype == np.uint8 and out.flow_stochastic.sum(1).tolist() == \
-        ([1] * B if method == "flow_sde" else [5] * B)
+    chain, stochastic = out.replay["flow_chain"], out.replay["flow_stochastic"]
+    assert out.actions.shape == (B, k, d) and chain.shape == (B, 6, k, d)
+    assert set(out.replay) == {"flow_chain", "flow_stochastic"} and out.logprobs.shape == (B, k * d)
+    assert stochastic.dtype == np.uint8 and stochastic.sum(1).tolist() == ([1] * B if method == "flow_sde" else [5] * B)
     low, high = np.array(p.action_tokenizer.low), np.array(p.action_tokenizer.high)
     assert np.all(out.actions >= low - 1e-6) and np.all(out.actions <= high + 1e-6)
     for level, width in (("token_level", k * d), ("action_level", k), ("chunk_level", 1)):
-        ev = p.evaluate(*obs, None, level, flow_chain=out.flow_chain, flow_stochastic=out.flow_stochastic)
-        assert ev.logprobs.shape == (B, width) and ev.mode_tokens.shape == (B, 0)
+        ev = p.evaluate(*obs, out.replay, level)
+        assert ev.logprobs.shape == (B, width)
         expect = torch.as_tensor(out.logprobs).reshape(B, k, d)
         expect = {"token_level": expect.reshape(B, -1), "action_level": expect.sum(-1),
                   "chunk_level": expect.sum((1, 2))[:, None]}[level]
@@ -52,7 +52,7 @@ def test_greedy_integrates_the_same_ode_from_the_same_noise():
     a = p.act(*obs, greedy=True, generator=torch.Generator().manual_seed(3))
     b = p.act(*obs, greedy=True, generator=torch.Generator().manual_seed(3))
     c = p.act(*obs, greedy=True, generator=torch.Generator().manual_seed(4))
-    assert not a.flow_stochastic.any() and np.array_equal(a.actions, b.actions)
+    assert not a.replay["flow_stochastic"].any() and np.array_equal(a.actions, b.actions)
     assert not np.allclose(a.actions, c.actions)
 
 
@@ -64,7 +64,7 @@ def test_flow_matching_sft_lowers_its_loss_and_trains_expert_and_backbone():
     opt = torch.optim.Adam([q for q in p.parameters() if q.requires_grad], lr=3e-3)
     first = None
     for step in range(60):
-        loss, _ = p.flow_matching_loss(*obs, target.astype(np.float32), torch.Generator().manual_seed(step % 4))
+        loss = p.sft_loss(*obs, target.astype(np.float32), torch.Generator().manual_seed(step % 4)).loss.mean()
         opt.zero_grad()
         loss.backward()
         if step == 0:
@@ -73,7 +73,7 @@ def test_flow_matching_sft_lowers_its_loss_and_trains_expert_and_backbone():
             assert any(q.grad is not None and q.grad.abs().sum() > 0 for n, q in p.named_parameters()
                        if n.startswith("backbone."))
         opt.step()
-    last = np.mean([p.flow_matching_loss(*obs, target.astype(np.float32), torch.Generator().manual_seed(s))[0].item()
+    last = np.mean([p.sft_loss(*obs, target.astype(np.float32), torch.Generator().manual_seed(s)).loss.mean().item()
                     for s in range(4)])
     assert last < 0.5 * first, (first, last)
 
@@ -96,7 +96,7 @@ def test_a_flow_policy_round_trips_and_mismatches_are_named(tmp_path):
     steps = VLAPolicy.build(load_config("configs/pixel_task.yaml", [      # sampling settings may change
         "policy.action_head=flow", "policy.flow.noise_method=flow_noise", "policy.flow.num_steps=8",
         f"policy.pretrained_path={tmp_path / 'flow'}"]).policy)
-    assert steps.act(*obs).flow_chain.shape[1] == 9
+    assert steps.act(*obs).replay["flow_chain"].shape[1] == 9
 
 
 @pytest.mark.parametrize("saved, wanted", [("flow_sde", "flow_noise"), ("flow_noise", "flow_sde")])
@@ -125,13 +125,13 @@ def test_bad_chains_and_flow_settings_get_one_line():
     obs = batch(p)
     out = p.act(*obs)
     with pytest.raises(ValueError, match="pass flow_chain and flow_stochastic"):
-        p.evaluate(*obs, out.action_tokens)
+        p.evaluate(*obs, {"action_tokens": np.zeros((B, 8), np.int64)})
     with pytest.raises(ValueError, match=r"flow_chain must be float \[B=3, S\+1=5"):
-        p.evaluate(*obs, None, flow_chain=out.flow_chain[:, :3], flow_stochastic=out.flow_stochastic)
-    bad = out.flow_chain.copy()
+        p.evaluate(*obs, {**out.replay, "flow_chain": out.replay["flow_chain"][:, :3]})
+    bad = out.replay["flow_chain"].copy()
     bad[0, 1, 0, 0] = np.nan
     with pytest.raises(ValueError, match="NaN or inf"):
-        p.evaluate(*obs, None, flow_chain=bad, flow_stochastic=out.flow_stochastic)
+        p.evaluate(*obs, {**out.replay, "flow_chain": bad})
     from asyncvla.common.config import ConfigError
     for override, words in [("policy.flow.heads=6", "policy.flow.heads=6 must be a multiple of policy.flow.kv_heads"),
                             ("policy.flow.noise_level=0", "policy.flow.noise_level=0"),
@@ -182,5 +182,5 @@ def test_a_bf16_backbone_feeds_the_fp32_expert():
     obs = batch(p, 4)
     out = p.act(*obs, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ev = p.evaluate(*obs, None, flow_chain=out.flow_chain, flow_stochastic=out.flow_stochastic)
+        ev = p.evaluate(*obs, out.replay)
     torch.testing.assert_close(ev.logprobs, torch.as_tensor(out.logprobs), atol=1e-5, rtol=0)

@@ -1,4 +1,5 @@
-"""Every action head acts and scores as it did when tests/golden/heads.npz was written: the same
+"""Every action head acts and scores as it did when tests/golden/heads.npz was written (the first
+four before the heads moved into common/policy/heads/, the Gaussian head when it came): the same
 sampled actions and log-probs from the same weights, inputs and seeds, and the same evaluate()
 log-probs, entropies and values at each log-prob level. A refactor of the heads must keep them.
 
@@ -19,7 +20,7 @@ from asyncvla.common.policy import VLAPolicy
 
 GOLDEN = Path(__file__).parent / "golden" / "heads.npz"
 HEADS = {"autoregressive": {}, "parallel": {}, "flow_sde": {"flow": {"noise_method": "flow_sde"}},
-         "flow_noise": {"flow": {"noise_method": "flow_noise"}}}
+         "flow_noise": {"flow": {"noise_method": "flow_noise"}}, "gaussian": {}}
 LEVELS = ("token_level", "action_level", "chunk_level")
 BATCH = 3
 
@@ -47,17 +48,11 @@ def outputs(name: str) -> dict[str, np.ndarray]:
     state = rng.standard_normal((BATCH, 5)).astype(np.float32)
     out = policy.act(image, ids, mask, state, generator=torch.Generator().manual_seed(5))
     greedy = policy.act(image, ids, mask, state, greedy=True)
-    rec = {"actions": out.actions, "logprobs": out.logprobs, "values": out.values, "greedy_actions": greedy.actions}
-    replay = {"flow_chain": out.flow_chain, "flow_stochastic": out.flow_stochastic} if out.flow_chain is not None \
-        else {}
-    if not replay:
-        rec["action_tokens"] = out.action_tokens
-    else:
-        rec.update(replay)
+    rec = {"actions": out.actions, "logprobs": out.logprobs, "values": out.values, "greedy_actions": greedy.actions,
+           **out.replay}
     with torch.no_grad():
         for level in LEVELS:
-            ev = policy.evaluate(image, ids, mask, state, None if replay else out.action_tokens, level,
-                                 **replay)
+            ev = policy.evaluate(image, ids, mask, state, out.replay, level)
             rec[f"{level}/logprobs"], rec[f"{level}/entropy"] = ev.logprobs.numpy(), ev.entropy.numpy()
             rec[f"{level}/values"] = ev.values.numpy()
     return {k: np.asarray(v) for k, v in rec.items()}

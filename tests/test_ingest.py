@@ -18,7 +18,7 @@ from asyncvla.common.sockets import ThreadDied
 from asyncvla.common.weight_channel import WeightServer, WeightSubscriber
 from asyncvla.learner.ingest import MAX_SEQ_JUMP, ColumnBuffer, Inbox, SeenSegments, rollout_plan
 from asyncvla.learner.metrics import Metrics, TargetWatch, windowed_success
-from tests.test_protocol import LIMITS, make_segment, make_spec
+from tests.support.segments import LIMITS, make_segment, make_spec
 
 SPEC = make_spec(T=2, B=4, H=8, L=4, K=2, D=2)
 
@@ -238,13 +238,14 @@ def test_rollout_plan_in_flight_setting_and_drop_oldest():
 
 
 # ------------------------------------------------------------------ what the learner relies on
-def test_the_learners_spec_refuses_text_ids_as_actions_and_absurd_rewards():
+@pytest.mark.parametrize("head", ["autoregressive", "parallel"])
+def test_the_learners_spec_refuses_text_ids_as_actions_and_absurd_rewards(head):
     from asyncvla.common.policy.action_tokenizer import ActionTokenizer
-    from asyncvla.learner.main import _segment_spec
+    from asyncvla.common.policy.heads import make_head
     cfg = Config()
-    cfg.policy.image_size, cfg.actor.rollout_length = 8, 2
+    cfg.policy.image_size, cfg.actor.rollout_length, cfg.policy.action_head = 8, 2, head
     tokenizer = ActionTokenizer(n_bins=256, vocab_size=1024)
-    spec = _segment_spec(cfg, tokenizer)
+    spec = P.SegmentSpec.for_policy(cfg, make_head(cfg.policy), tokenizer)
     seg = make_segment(spec, B=2, truncations=0, episodes=0)
     seg.arrays["action_tokens"] = seg.arrays["action_tokens"] % 256 + tokenizer.first_id
     P.decode_segment(P.encode_segment(seg), spec, LIMITS)

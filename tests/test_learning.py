@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ports import run_port_overrides
+from tests.support.ports import run_port_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import h5py
 import pytest
 
-from tests.ports import run_port_overrides
+from tests.support.ports import run_port_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["collect.method=scripted", "env.control_mode=pd_ee_delta_pos", "policy.action_dim=4",

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from asyncvla.common.config import PolicyConfig
 from asyncvla.common.policy import ActionTokenizer, VLAPolicy, reduce_logprobs, token_logprobs
-from asyncvla.common.policy.action_head import query_attention_mask
+from asyncvla.common.policy.heads.queries import query_attention_mask
 from asyncvla.common.policy.backbone import write_tiny_backbone
 
 # Different lengths (including empty) so that left padding matters.
@@ -60,7 +60,7 @@ def fresh():
 
 def evaluate_np(policy, image, ids, mask, tokens, level="token_level", **kw):
     with torch.no_grad():
-        out = policy.evaluate(image, ids, mask, None, tokens, logprob_type=level, **kw)
+        out = policy.evaluate(image, ids, mask, None, {"action_tokens": tokens}, logprob_type=level, **kw)
     return [x.numpy() for x in (out.logprobs, out.entropy, out.values)]
 
 
@@ -137,11 +137,11 @@ def test_evaluate_reproduces_act_logprobs_and_values(either, temperature):
     image, ids, mask = observation(policy)
     out = policy.act(image, ids, mask, temperature=temperature, generator=torch.Generator().manual_seed(3))
     assert out.actions.shape == (3, K, D) and out.actions.dtype == np.float32
-    assert out.action_tokens.shape == (3, N) and out.action_tokens.dtype == np.int64
+    assert out.replay["action_tokens"].shape == (3, N) and out.replay["action_tokens"].dtype == np.int64
     assert out.logprobs.shape == (3, N) and out.values.shape == (3,)
-    assert np.array_equal(out.actions, policy.action_tokenizer.decode(out.action_tokens).reshape(3, K, D))
+    assert np.array_equal(out.actions, policy.action_tokenizer.decode(out.replay["action_tokens"]).reshape(3, K, D))
     for level, m in [("token_level", N), ("action_level", K), ("chunk_level", 1)]:
-        logp, entropy, values = evaluate_np(policy, image, ids, mask, out.action_tokens, level,
+        logp, entropy, values = evaluate_np(policy, image, ids, mask, out.replay["action_tokens"], level,
                                             temperature=temperature)
         assert logp.shape == entropy.shape == (3, m)
         expected = reduce_logprobs(out.logprobs, level, K, D)
@@ -155,21 +155,22 @@ def test_padding_columns_are_dropped_without_changing_the_outputs(either):
     image, ids, mask = observation(policy)
     assert not mask.any(0).all(), "the instructions should leave columns that are padding in every row"
     out = policy.act(image, ids, mask, generator=torch.Generator().manual_seed(3))
-    bins = torch.as_tensor(out.action_tokens) - policy.action_tokenizer.first_id
+    bins = torch.as_tensor(out.replay["action_tokens"]) - policy.action_tokenizer.first_id
     # Reference: the whole padded prompt, every column kept (the inputs as they were before the drop).
     with torch.no_grad():
         full = policy._prompt(torch.as_tensor(image), torch.as_tensor(ids), torch.as_tensor(mask).long(), None)
         assert full[0].shape[1] > policy._prompt(*policy._inputs(image, ids, mask, None))[0].shape[1]
-        logp, entropy, values, _ = policy._score(full, bins, policy.temperature)
+        logits, values = policy.head.logits(policy, full, bins)
+        logp, entropy = token_logprobs(logits, bins, policy.temperature)
     assert np.abs(logp.numpy() - out.logprobs).max() <= 1e-5
     assert np.abs(values.numpy() - out.values).max() <= 1e-5
-    ev = policy.evaluate(image, ids, mask, None, out.action_tokens)
+    ev = policy.evaluate(image, ids, mask, None, out.replay)
     assert torch.allclose(ev.entropy, entropy, atol=1e-5, rtol=0)
 
 
 def test_temperature_shapes_the_distribution(policy):
     image, ids, mask = observation(policy)
-    tokens = policy.act(image, ids, mask, greedy=True).action_tokens
+    tokens = policy.act(image, ids, mask, greedy=True).replay["action_tokens"]
     hot = evaluate_np(policy, image, ids, mask, tokens, temperature=2.0)
     cold = evaluate_np(policy, image, ids, mask, tokens, temperature=0.5)
     assert (hot[1] > cold[1]).all()  # entropy grows with temperature
@@ -181,12 +182,12 @@ def test_greedy_is_deterministic_and_sampling_follows_the_generator(policy):
     image, ids, mask = observation(policy)
     a = policy.act(image, ids, mask, greedy=True)
     b = policy.act(image, ids, mask, greedy=True, temperature=0.3)
-    assert np.array_equal(a.action_tokens, b.action_tokens)
+    assert np.array_equal(a.replay["action_tokens"], b.replay["action_tokens"])
     s1 = policy.act(image, ids, mask, generator=torch.Generator().manual_seed(7))
     s2 = policy.act(image, ids, mask, generator=torch.Generator().manual_seed(7))
     s3 = policy.act(image, ids, mask, generator=torch.Generator().manual_seed(8))
-    assert np.array_equal(s1.action_tokens, s2.action_tokens)
-    assert not np.array_equal(s1.action_tokens, s3.action_tokens)
+    assert np.array_equal(s1.replay["action_tokens"], s2.replay["action_tokens"])
+    assert not np.array_equal(s1.replay["action_tokens"], s3.replay["action_tokens"])
     # The first token's distribution is the same for all three: greedy holds its mode.
     assert (a.logprobs[:, 0] >= s1.logprobs[:, 0]).all() and (a.logprobs[:, 0] >= s3.logprobs[:, 0]).all()
 
@@ -195,19 +196,19 @@ def test_inputs_accept_torch_and_numpy_and_batch_rows_are_independent(policy):
     image, ids, mask = observation(policy)
     a = policy.act(image, ids, mask, greedy=True)
     b = policy.act(torch.from_numpy(image), torch.from_numpy(ids), torch.from_numpy(mask), greedy=True)
-    assert np.array_equal(a.action_tokens, b.action_tokens)
+    assert np.array_equal(a.replay["action_tokens"], b.replay["action_tokens"])
     one = policy.act(image[1:2], ids[1:2], mask[1:2], greedy=True)
-    assert np.array_equal(one.action_tokens[0], a.action_tokens[1])
+    assert np.array_equal(one.replay["action_tokens"][0], a.replay["action_tokens"][1])
     assert np.abs(one.logprobs[0] - a.logprobs[1]).max() < 1e-4
 
 
 def test_forward_is_evaluate_and_root_owns_no_parameters(either):
     policy = either
     image, ids, mask = observation(policy)
-    tokens = policy.act(image, ids, mask, greedy=True).action_tokens
+    tokens = policy.act(image, ids, mask, greedy=True).replay["action_tokens"]
     with torch.no_grad():
-        f = policy(image, ids, mask, None, tokens, logprob_type="action_level")
-        e = policy.evaluate(image, ids, mask, None, tokens, logprob_type="action_level")
+        f = policy(image, ids, mask, None, replay={"action_tokens": tokens}, logprob_type="action_level")
+        e = policy.evaluate(image, ids, mask, None, {"action_tokens": tokens}, logprob_type="action_level")
     for x, y in zip(f, e):
         assert torch.equal(x, y)
     assert list(policy.parameters(recurse=False)) == []
@@ -228,7 +229,7 @@ def test_lora_leaves_only_adapters_and_value_head_trainable(policy):
 
 def test_trainable_state_dict_makes_a_second_copy_identical(policy, fresh):
     image, ids, mask = observation(policy)
-    tokens = policy.act(image, ids, mask, greedy=True).action_tokens
+    tokens = policy.act(image, ids, mask, greedy=True).replay["action_tokens"]
     copy = VLAPolicy.build(PolicyConfig())
     before = evaluate_np(copy, image, ids, mask, tokens)
     assert np.abs(before[0] - evaluate_np(policy, image, ids, mask, tokens)[0]).max() > 1e-3
@@ -245,8 +246,8 @@ def test_trainable_state_dict_makes_a_second_copy_identical(policy, fresh):
 def test_gradient_step_moves_logprobs_and_values_the_expected_way():
     pol = perturb(VLAPolicy.build(PolicyConfig()), seed=2).train()
     image, ids, mask = observation(pol)
-    tokens = pol.act(image, ids, mask, generator=torch.Generator().manual_seed(0)).action_tokens
-    out = pol.evaluate(image, ids, mask, None, tokens, logprob_type="chunk_level")
+    tokens = pol.act(image, ids, mask, generator=torch.Generator().manual_seed(0)).replay["action_tokens"]
+    out = pol.evaluate(image, ids, mask, None, {"action_tokens": tokens}, logprob_type="chunk_level")
     target = out.values.detach() + 1.0
     loss = -out.logprobs.sum() + ((out.values - target) ** 2).sum()
     loss.backward()
@@ -254,7 +255,7 @@ def test_gradient_step_moves_logprobs_and_values_the_expected_way():
     opt = torch.optim.SGD([p for p in pol.parameters() if p.requires_grad], lr=1e-3)
     opt.step()
     with torch.no_grad():
-        after = pol.evaluate(image, ids, mask, None, tokens, logprob_type="chunk_level")
+        after = pol.evaluate(image, ids, mask, None, {"action_tokens": tokens}, logprob_type="chunk_level")
     assert (after.logprobs > out.logprobs.detach()).all()
     assert ((after.values - target).abs() < (out.values.detach() - target).abs()).all()
 
@@ -266,7 +267,7 @@ def test_full_finetuning_trains_and_ships_every_tensor():
     assert set(pol.trainable_state_dict()) == set(names) and not any(".lora_" in n for n in names)
     image, ids, mask = observation(pol, batch=2)
     out = pol.act(image, ids, mask, generator=torch.Generator().manual_seed(0))
-    logp = evaluate_np(pol, image, ids, mask, out.action_tokens)[0]
+    logp = evaluate_np(pol, image, ids, mask, out.replay["action_tokens"])[0]
     assert np.abs(logp - out.logprobs).max() <= 1e-5
 
 
@@ -276,8 +277,8 @@ def test_proprio_state_is_one_prompt_token():
     state = np.random.default_rng(0).normal(size=(2, 5)).astype(np.float32)
     out = pol.act(image, ids, mask, state, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ev = pol.evaluate(image, ids, mask, state, out.action_tokens)
-        other = pol.evaluate(image, ids, mask, state + 1.0, out.action_tokens)
+        ev = pol.evaluate(image, ids, mask, state, out.replay)
+        other = pol.evaluate(image, ids, mask, state + 1.0, out.replay)
     assert np.abs(ev.logprobs.numpy() - out.logprobs).max() <= 1e-5
     assert not torch.allclose(ev.logprobs, other.logprobs)
     assert "state_encoder.proj.weight" in pol.trainable_state_dict()
@@ -297,7 +298,7 @@ def test_tiny_backbone_is_an_ordinary_checkpoint(tmp_path, fresh):
     loaded = VLAPolicy.build(PolicyConfig(pretrained_path=path))
     image, ids, mask = observation(fresh)
     a, b = loaded.act(image, ids, mask, greedy=True), fresh.act(image, ids, mask, greedy=True)
-    assert np.array_equal(a.action_tokens, b.action_tokens) and np.array_equal(a.logprobs, b.logprobs)
+    assert np.array_equal(a.replay["action_tokens"], b.replay["action_tokens"]) and np.array_equal(a.logprobs, b.logprobs)
 
 
 def test_save_pretrained_round_trip_gives_identical_outputs(tmp_path, either):
@@ -313,15 +314,16 @@ def test_save_pretrained_round_trip_gives_identical_outputs(tmp_path, either):
     image, ids, mask = observation(policy)
     a, b = policy.act(image, ids, mask, greedy=True), loaded.act(image, ids, mask, greedy=True)
     for x, y in zip(a, b):
-        assert np.array_equal(x, y)
-    for x, y in zip(evaluate_np(policy, image, ids, mask, a.action_tokens, "action_level"),
-                    evaluate_np(loaded, image, ids, mask, a.action_tokens, "action_level")):
+        assert np.array_equal(x, y) if not isinstance(x, dict) else x.keys() == y.keys() and all(
+            np.array_equal(x[k], y[k]) for k in x)
+    for x, y in zip(evaluate_np(policy, image, ids, mask, a.replay["action_tokens"], "action_level"),
+                    evaluate_np(loaded, image, ids, mask, a.replay["action_tokens"], "action_level")):
         assert np.array_equal(x, y)
     # As policy.pretrained_path it continues as saved; a structural mismatch is named.
     head = policy.cfg.action_head
     again = VLAPolicy.build(PolicyConfig(pretrained_path=path, temperature=0.5, action_head=head))
     assert again.temperature == 0.5
-    assert np.array_equal(again.act(image, ids, mask, greedy=True).action_tokens, a.action_tokens)
+    assert np.array_equal(again.act(image, ids, mask, greedy=True).replay["action_tokens"], a.replay["action_tokens"])
     with pytest.raises(ValueError, match="n_bins=128"):
         VLAPolicy.build(PolicyConfig(pretrained_path=path, n_bins=128, action_head=head))
     other = "parallel" if head == "autoregressive" else "autoregressive"
@@ -350,15 +352,15 @@ def test_bad_inputs_raise_clear_errors(policy):
         policy.act(image, np.zeros((3, 40), np.int64), np.ones((3, 40), np.uint8))
     with pytest.raises(ValueError, match=r"has \d+ tokens; the limit is policy.max_instruction_tokens=32"):
         policy.tokenize(["push the cube " * 20])
-    tokens = policy.act(image, ids, mask, greedy=True).action_tokens
+    tokens = policy.act(image, ids, mask, greedy=True).replay["action_tokens"]
     with pytest.raises(ValueError, match=r"\[B=3, N=28\].*got int64 \[3, 27\]"):
-        policy.evaluate(image, ids, mask, None, tokens[:, :27])
+        policy.evaluate(image, ids, mask, None, {"action_tokens": tokens[:, :27]})
     with pytest.raises(ValueError, match=r"action-token ids in \[256, 512\)"):
-        policy.evaluate(image, ids, mask, None, tokens - 256)
+        policy.evaluate(image, ids, mask, None, {"action_tokens": tokens - 256})
     with pytest.raises(ValueError, match="policy.state_dim=0"):
         policy.act(image, ids, mask, state=np.zeros((3, 4), np.float32))
     with pytest.raises(ValueError, match="token_level"):
-        policy.evaluate(image, ids, mask, None, tokens, logprob_type="step")
+        policy.evaluate(image, ids, mask, None, {"action_tokens": tokens}, logprob_type="step")
 
 
 def test_cached_sampling_logits_match_the_scoring_pass(policy):
@@ -367,24 +369,25 @@ def test_cached_sampling_logits_match_the_scoring_pass(policy):
     out = policy.act(image, ids, mask, greedy=True)
     with torch.no_grad():
         prompt = policy._prompt(*policy._inputs(image, ids, mask, None))
-        bins = torch.from_numpy(out.action_tokens) - policy.action_tokenizer.first_id
-        embeds = torch.cat([prompt[0], policy._embed(torch.from_numpy(out.action_tokens[:, :-1]))], 1)
+        bins = torch.from_numpy(out.replay["action_tokens"]) - policy.action_tokenizer.first_id
+        embeds = torch.cat([prompt[0], policy.embed(torch.from_numpy(out.replay["action_tokens"][:, :-1]))], 1)
         attn = torch.ones(embeds.shape[:2], dtype=torch.long)
         attn[:, :prompt[1].shape[1]] = prompt[1]
         pos = (attn.cumsum(1) - 1).clamp(min=0)
-        hidden = policy._decode(embeds, attn, pos, cache=None, use_cache=False).last_hidden_state
-        logits = policy._action_logits(hidden[:, prompt[0].shape[1] - 1:])
+        hidden = policy.decode(embeds, attn, pos, cache=None, use_cache=False).last_hidden_state
+        logits = policy.action_logits(hidden[:, prompt[0].shape[1] - 1:])
     assert torch.equal(logits.argmax(-1), bins)  # greedy = the mode of every scored position
 
 
 def test_greedy_act_is_the_mode_of_evaluate(either):
     image, ids, mask = observation(either)
     out = either.act(image, ids, mask, greedy=True)
+    bins = torch.from_numpy(out.replay["action_tokens"]) - either.action_tokenizer.first_id
     with torch.no_grad():
-        ev = either.evaluate(image, ids, mask, None, out.action_tokens)
-    assert np.array_equal(ev.mode_tokens.numpy(), out.action_tokens)
+        logits, _ = either.head.logits(either, either._prompt(*either._inputs(image, ids, mask, None)), bins)
+    assert torch.equal(logits.argmax(-1), bins)
     sampled = either.act(image, ids, mask, temperature=2.0, generator=torch.Generator().manual_seed(0))
-    assert not np.array_equal(sampled.action_tokens, out.action_tokens)
+    assert not np.array_equal(sampled.replay["action_tokens"], out.replay["action_tokens"])
 
 
 # ------------------------------------------------------------------------- parallel action head
@@ -413,17 +416,16 @@ def test_parallel_head_outputs_do_not_depend_on_the_action_tokens(parallel, poli
     image, ids, mask = observation(parallel)
     i, rng = N // 2, np.random.default_rng(0)
     for pol in (parallel, policy):
-        tokens = pol.act(image, ids, mask, generator=torch.Generator().manual_seed(0)).action_tokens
+        tokens = pol.act(image, ids, mask, generator=torch.Generator().manual_seed(0)).replay["action_tokens"]
         first = pol.action_tokenizer.first_id
         other = (tokens - first + rng.integers(1, 256, tokens.shape)) % 256 + first
         other[:, i] = tokens[:, i]
         with torch.no_grad():
-            a = pol.evaluate(image, ids, mask, None, tokens)
-            b = pol.evaluate(image, ids, mask, None, other)
+            a = pol.evaluate(image, ids, mask, None, {"action_tokens": tokens})
+            b = pol.evaluate(image, ids, mask, None, {"action_tokens": other})
         same_i = torch.equal(a.logprobs[:, i], b.logprobs[:, i])
         if pol is parallel:
             assert same_i and torch.equal(a.entropy, b.entropy) and torch.equal(a.values, b.values)
-            assert torch.equal(a.mode_tokens, b.mode_tokens)
             assert not torch.equal(a.logprobs, b.logprobs)        # the changed tokens are scored
         else:
             assert not same_i
@@ -431,7 +433,7 @@ def test_parallel_head_outputs_do_not_depend_on_the_action_tokens(parallel, poli
 
 def test_action_queries_see_the_prompt_and_each_other_and_the_prompt_not_them(parallel):
     image, ids, mask = observation(parallel)
-    tokens = parallel.act(image, ids, mask, greedy=True).action_tokens
+    tokens = parallel.act(image, ids, mask, greedy=True).replay["action_tokens"]
     base = evaluate_np(parallel, image, ids, mask, tokens)
     w = parallel.action_queries.weight
     saved = w.detach().clone()
@@ -469,12 +471,12 @@ def test_query_attention_mask_matches_a_naive_loop(bidirectional_prompt, causal_
 
 
 def test_action_queries_train_with_lora_and_ship_with_the_trainable_tensors(parallel, policy):
-    assert policy.action_queries is None and not any("action_queries" in n for n in policy.state_dict())
+    assert not hasattr(policy, "action_queries") and not any("action_queries" in n for n in policy.state_dict())
     trainable = {n for n, p in parallel.named_parameters() if p.requires_grad}
     assert "action_queries.weight" in trainable and set(parallel.trainable_state_dict()) == trainable
     assert len(trainable) == 6 * 4 * 2 + 4 + 1
     image, ids, mask = observation(parallel)
-    tokens = parallel.act(image, ids, mask, generator=torch.Generator().manual_seed(1)).action_tokens
+    tokens = parallel.act(image, ids, mask, generator=torch.Generator().manual_seed(1)).replay["action_tokens"]
     copy = VLAPolicy.build(PolicyConfig(action_head="parallel"))
     assert not np.array_equal(evaluate_np(copy, image, ids, mask, tokens)[0],
                               evaluate_np(parallel, image, ids, mask, tokens)[0])
@@ -482,13 +484,13 @@ def test_action_queries_train_with_lora_and_ship_with_the_trainable_tensors(para
     for x, y in zip(evaluate_np(copy, image, ids, mask, tokens), evaluate_np(parallel, image, ids, mask, tokens)):
         assert np.array_equal(x, y)
     copy.train()
-    out = copy.evaluate(image, ids, mask, None, tokens, logprob_type="chunk_level")
+    out = copy.evaluate(image, ids, mask, None, {"action_tokens": tokens}, logprob_type="chunk_level")
     (-out.logprobs.sum()).backward()
     assert copy.action_queries.weight.grad.abs().sum() > 0
     opt = torch.optim.SGD([p for p in copy.parameters() if p.requires_grad], lr=1e-2)
     opt.step()
     with torch.no_grad():
-        after = copy.evaluate(image, ids, mask, None, tokens, logprob_type="chunk_level")
+        after = copy.evaluate(image, ids, mask, None, {"action_tokens": tokens}, logprob_type="chunk_level")
     assert (after.logprobs > out.logprobs.detach()).all()
 
 
@@ -499,13 +501,13 @@ def test_bf16_backbone_keeps_fp32_heads_and_agrees_with_itself(tmp_path, head):
     assert pol.value_head.fc1.weight.dtype == torch.float32
     image, ids, mask = observation(pol, batch=2)
     out = pol.act(image, ids, mask, generator=torch.Generator().manual_seed(0))
-    logp, _, values = evaluate_np(pol, image, ids, mask, out.action_tokens)
+    logp, _, values = evaluate_np(pol, image, ids, mask, out.replay["action_tokens"])
     assert logp.dtype == np.float32 and np.array_equal(logp, out.logprobs)
     assert np.array_equal(values, out.values)
     pol.save_pretrained(str(tmp_path / "bf16"))
     as_fp32 = VLAPolicy.from_pretrained(str(tmp_path / "bf16"), dtype=torch.float32)
     assert as_fp32._vlm.lm_head.weight.dtype == torch.float32
-    assert np.abs(evaluate_np(as_fp32, image, ids, mask, out.action_tokens)[0] - logp).max() < 0.5
+    assert np.abs(evaluate_np(as_fp32, image, ids, mask, out.replay["action_tokens"])[0] - logp).max() < 0.5
 
 
 @pytest.mark.parametrize("size", [64, 128])
@@ -547,7 +549,7 @@ def test_cnn_value_encoder_reads_the_image_ships_with_the_heads_and_round_trips(
     assert np.allclose(out.values, v.detach().numpy(), atol=1e-6)
     # the critic's gradient stops at the VLM: only the value head learns from the value loss
     p.zero_grad()
-    p.evaluate(image, ids, mask, None, out.action_tokens).values.sum().backward()
+    p.evaluate(image, ids, mask, None, out.replay).values.sum().backward()
     grads = {n for n, q in p.named_parameters() if q.grad is not None and q.grad.abs().sum() > 0}
     assert grads and all(n.startswith("value_head.") for n in grads)
     p.save_pretrained(tmp_path / "p")
@@ -563,11 +565,10 @@ def test_a_value_image_moves_only_the_values(head):
     p = perturb(VLAPolicy.build(cfg), seed=4)
     image, ids, mask = observation(p)
     out = p.act(image, ids, mask, generator=torch.Generator().manual_seed(0))
-    chain = {"flow_chain": out.flow_chain, "flow_stochastic": out.flow_stochastic} if head == "flow" else {}
     with torch.no_grad():
-        plain = p.evaluate(image, ids, mask, None, out.action_tokens, **chain)
-        same = p.evaluate(image, ids, mask, None, out.action_tokens, value_image=image, **chain)
-        shifted = p.evaluate(image, ids, mask, None, out.action_tokens, value_image=np.roll(image, 4, axis=2), **chain)
+        plain = p.evaluate(image, ids, mask, None, out.replay)
+        same = p.evaluate(image, ids, mask, None, out.replay, value_image=image)
+        shifted = p.evaluate(image, ids, mask, None, out.replay, value_image=np.roll(image, 4, axis=2))
     assert torch.equal(same.values, plain.values)
     assert not torch.allclose(shifted.values, plain.values)
     assert torch.equal(shifted.logprobs, plain.logprobs) and torch.equal(shifted.entropy, plain.entropy)
@@ -580,17 +581,17 @@ def test_cnn_image_tokens_read_the_image_train_under_lora_and_round_trip(tmp_pat
     assert any(n.startswith("image_tokens.") for n in p.trainable_state_dict())   # trained and published
     image, ids, mask = observation(p)
     out = p.act(image, ids, mask, generator=torch.Generator().manual_seed(0))
-    ev = evaluate_np(p, image, ids, mask, out.action_tokens)
+    ev = evaluate_np(p, image, ids, mask, out.replay["action_tokens"])
     assert np.abs(ev[0] - out.logprobs).max() <= 1e-5                          # act and evaluate agree
     # the tokens carry the image: changing the CNN alone moves the action distribution
     with torch.no_grad():
         p.image_tokens.proj.bias.add_(0.5)
-    moved = evaluate_np(p, image, ids, mask, out.action_tokens)
+    moved = evaluate_np(p, image, ids, mask, out.replay["action_tokens"])
     assert np.abs(moved[0] - ev[0]).max() > 1e-4
     p.save_pretrained(tmp_path / "p")
     q = VLAPolicy.from_pretrained(tmp_path / "p")
     assert q.cfg.cnn_image_tokens == 4
-    assert np.array_equal(evaluate_np(q, image, ids, mask, out.action_tokens)[0], moved[0])
+    assert np.array_equal(evaluate_np(q, image, ids, mask, out.replay["action_tokens"])[0], moved[0])
     with pytest.raises(ValueError, match="cnn_image_tokens=4"):
         VLAPolicy.build(PolicyConfig(pretrained_path=str(tmp_path / "p"), cnn_image_tokens=16, lora_rank=4,
                                      action_head=head))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from tests import ports
+from tests.support import ports
 
 
 def test_a_run_gets_distinct_free_ports_outside_the_ephemeral_range():

@@ -13,7 +13,7 @@ import pytest
 
 from asyncvla.common import preflight
 from asyncvla.common.config import load_config
-from tests.ports import run_port_overrides
+from tests.support.ports import run_port_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "configs" / "pixel_task.yaml")

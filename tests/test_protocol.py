@@ -8,76 +8,9 @@ import pytest
 import torch
 
 from asyncvla.common import protocol as P
-from asyncvla.common.auth import actor_token, learner_key
 from asyncvla.common.protocol import Limits, Segment, SegmentSpec, ValidationError
-from tests.wire import header_of, pack_header
-
-LIMITS = Limits.for_kind(P.SEGMENT, 64)
-
-
-def make_spec(T=16, B=8, H=128, L=32, K=4, D=7, S=0, action_level=False, vocab=512, flow_steps=0) -> SegmentSpec:
-    return SegmentSpec(image_size=H, instruction_len=L, num_tokens=K * D, num_action_chunks=K, state_dim=S,
-                       action_level_rewards=action_level, num_steps=T, max_envs=B, vocab_size=vocab,
-                       flow_steps=flow_steps, action_dim=D)
-
-
-def make_segment(spec: SegmentSpec | None = None, B: int = 8, seq: int = 0, actor_id: str = "actor-0",
-                 truncations: int = 2, episodes: int = 3, rng=None) -> Segment:
-    """A segment as an actor builds it: random contents consistent with the schema, and the token
-    that a learner's servers in this process (without CURVE) give `actor_id` (common/auth.py)."""
-    spec = spec or make_spec(B=B)
-    rng = rng if rng is not None else np.random.default_rng(seq)
-    episodes = min(episodes, spec.num_steps * B)     # an env ends at most one episode per policy step
-    T, H, L, N, K, S = spec.num_steps, spec.image_size, spec.instruction_len, spec.num_tokens, \
-        spec.num_action_chunks, spec.state_dim
-    terminated = np.zeros((T, B), np.uint8)
-    truncated = np.zeros((T, B), np.uint8)
-    cut = rng.choice(T * B, size=truncations + 1, replace=False)
-    truncated.flat[cut[:truncations]] = 1
-    terminated.flat[cut[truncations:]] = 1
-    final_index = np.argwhere(truncated == 1).astype(np.int64)
-    n = len(final_index)
-    vocab = spec.vocab_size or 512
-    arrays = {
-        "image": rng.integers(0, 256, (T + 1, B, H, H, 3), dtype=np.uint8),
-        "instruction": rng.integers(0, vocab, (T + 1, B, L), dtype=np.int64),
-        "instruction_mask": rng.integers(0, 2, (T + 1, B, L), dtype=np.uint8),
-        "action_tokens": rng.integers(0, vocab, (T, B, N), dtype=np.int64),
-        "behavior_logp": -rng.random((T, B, N), dtype=np.float32) * 5,
-        "rewards": rng.standard_normal((T, B, K) if spec.action_level_rewards else (T, B)).astype(np.float32),
-        "terminated": terminated,
-        "truncated": truncated,
-        "final_index": final_index,
-        "final_image": rng.integers(0, 256, (n, H, H, 3), dtype=np.uint8),
-        "final_instruction": rng.integers(0, vocab, (n, L), dtype=np.int64),
-        "final_instruction_mask": np.ones((n, L), np.uint8),
-        "ep_return": rng.standard_normal(episodes).astype(np.float32),
-        "ep_length": rng.integers(1, 100, episodes, dtype=np.int64),
-        "ep_success": rng.integers(0, 2, episodes, dtype=np.uint8),
-    }
-    if S:
-        arrays["state"] = rng.standard_normal((T + 1, B, S)).astype(np.float32)
-        arrays["final_state"] = rng.standard_normal((n, S)).astype(np.float32)
-    if spec.flow_steps:              # a flow head: chains instead of tokens; Gaussian densities may exceed 1
-        F, D = spec.flow_steps, N // K
-        del arrays["action_tokens"]
-        arrays["flow_chain"] = rng.standard_normal((T, B, F + 1, K, D)).astype(np.float32)
-        arrays["flow_stochastic"] = np.eye(F, dtype=np.uint8)[rng.integers(0, F, (T, B))]
-        arrays["behavior_logp"] = rng.standard_normal((T, B, N)).astype(np.float32) * 3
-    meta = {"actor_id": actor_id, "seq": seq, "policy_version": 3, "num_steps": T, "num_envs": B,
-            "env_steps": T * B * K, "act_s": 0.25, "env_s": 1.5, "token": process_token(actor_id)}
-    return Segment(meta=meta, arrays=arrays)
-
-
-def process_token(actor_id: str) -> str:
-    """The token this process's servers (without CURVE) accept from `actor_id`: what its welcome holds."""
-    return actor_token(learner_key(None), actor_id, "")
-
-
-def as_bytearrays(frames) -> list[bytearray]:
-    """What a receiver gets: one separate buffer per frame."""
-    return [bytearray(memoryview(f).cast("B")) if not isinstance(f, bytes) else bytearray(f) for f in frames]
-
+from tests.support.segments import LIMITS, as_bytearrays, make_segment, make_spec
+from tests.support.wire import header_of, pack_header
 
 def assert_same(a: Segment, b: Segment) -> None:
     assert a.meta == b.meta
@@ -114,7 +47,7 @@ def test_small_arrays_travel_packed_in_one_frame_and_large_ones_alone():
     spec = make_spec(H=128)                           # images (128 px) large; all else small
     seg = make_segment(spec)
     frames = as_bytearrays(P.encode_segment(seg))
-    order = [k for k in P.WIRE_ORDER if k in seg.arrays]   # how actors send them
+    order = P.wire_order(seg.arrays)                  # how actors send them
     small = [k for k in order if seg.arrays[k].nbytes < P.PACK_BELOW]
     large = [k for k in order if seg.arrays[k].nbytes >= P.PACK_BELOW]
     assert large == ["image", "final_image"] and len(frames) == 2 + len(large)
@@ -158,10 +91,10 @@ def test_encode_refuses_dtypes_outside_the_allow_list():
         P.encode("weights", {"version": 1}, {"x": np.zeros(3)})
     with pytest.raises(TypeError, match="object"):
         P.encode("weights", {"version": 1}, {"x": np.array([None, 1])})
-    with pytest.raises(KeyError, match="not in the schema"):
-        seg = make_segment(make_spec(T=2, B=1, H=8))
-        seg.arrays["extra"] = np.zeros(1, np.uint8)
-        P.encode_segment(seg)
+    seg = make_segment(make_spec(T=2, B=1, H=8))         # an array the schema lacks travels, and is refused
+    seg.arrays["extra"] = np.zeros(1, np.uint8)
+    with pytest.raises(ValidationError, match="unexpected \\['extra'\\]"):
+        P.decode_segment(P.encode_segment(seg), make_spec(T=2, B=1, H=8), LIMITS)
 
 
 # ------------------------------------------------------------------------------- rejections
@@ -299,15 +232,16 @@ def test_invalid_segments_are_rejected_with_their_reason(case):
     assert err.value.reason == reason, str(err.value)
 
 
-def _naive_value_problem(arrays: dict, vocab: int) -> str | None:
+def _naive_value_problem(arrays: dict, vocab: int, groups) -> str | None:
     """The first group check a segment fails, field by field and element by element."""
-    for name in P.FINITE_FIELDS:
+    floats, binary, text = groups
+    for name in floats:
         if name in arrays and any(not np.isfinite(float(x)) for x in arrays[name].ravel()):
             return "not_finite"
-    for name in P.BINARY_FIELDS:
+    for name in binary:
         if name in arrays and any(int(x) not in (0, 1) for x in arrays[name].ravel()):
             return "bad_values"
-    for name in P.TEXT_FIELDS:
+    for name in text:
         if name in arrays and any(not 0 <= int(x) < vocab for x in arrays[name].ravel()):
             return "bad_token"
     return None
@@ -320,7 +254,7 @@ def test_grouped_value_checks_match_a_field_by_field_check(order, flow_steps):
     lying side by side; whatever order a sender uses, the verdict is the per-field one."""
     rng = np.random.default_rng(7)
     spec = make_spec(T=4, B=2, H=16, L=8, K=2, D=3, S=3, vocab=512, flow_steps=flow_steps)
-    groups = [P.FINITE_FIELDS, P.BINARY_FIELDS, P.TEXT_FIELDS]
+    groups = [names for _, _, _, names in P.check_groups(spec)]
     bad_values = {"not_finite": [np.nan, np.inf, -np.inf], "bad_values": [2, 255], "bad_token": [-1, 512, 1 << 40]}
     for trial in range(120):
         seg = make_segment(spec, B=2, truncations=int(rng.integers(0, 3)), episodes=int(rng.integers(0, 3)), rng=rng)
@@ -330,11 +264,11 @@ def test_grouped_value_checks_match_a_field_by_field_check(order, flow_steps):
             name = str(rng.choice([k for k in group if k in arrays and arrays[k].size]))
             reason = {0: "not_finite", 1: "bad_values", 2: "bad_token"}[groups.index(group)]
             arrays[name].flat[int(rng.integers(arrays[name].size))] = rng.choice(bad_values[reason])
-        names = list(P.WIRE_ORDER if order == "wire" else P.SEGMENT_FIELDS)
+        names = P.wire_order(arrays) if order == "wire" else list(spec.fields())
         if order == "shuffled":
             rng.shuffle(names)
         frames = P.encode(P.SEGMENT, seg.meta, {k: arrays[k] for k in names if k in arrays})
-        want = _naive_value_problem(arrays, 512)
+        want = _naive_value_problem(arrays, 512, groups)
         if want is None:
             P.decode_segment(frames, spec, LIMITS)
             continue
@@ -378,7 +312,7 @@ def test_every_channel_bounds_frames_bytes_and_depth(kind):
 def test_decoders_turn_unforeseen_errors_into_a_reason(monkeypatch):
     def broken(raw, limits):
         raise IndexError("a check we lack")
-    monkeypatch.setattr(P, "_layout", broken)
+    monkeypatch.setattr(P.wire, "_layout", broken)
     hello = P.encode_control("hello", {"actor_id": "a", "host": "h", "pid": 1, "num_envs": 0})
     with pytest.raises(ValidationError) as err:
         P.decode_control(hello, Limits.for_kind("request", 1), "hello")
@@ -531,12 +465,13 @@ def test_every_float_field_of_a_segment_declares_its_range_or_has_a_check_of_its
     bounded by a check of its own (rewards and episode returns: learner.max_abs_reward); the
     timings in its meta lie in [0, MAX_SEGMENT_SECONDS], and a NaN one says so."""
     own_check = {"rewards", "ep_return"}
-    for name, field in P.SEGMENT_FIELDS.items():
-        if field.dtype == "float32":
-            assert (field.bound in SMALL.bounds()) != (name in own_check), name
-    for flow_steps in (0, 3):
-        lo, hi = make_spec(flow_steps=flow_steps).bounds()["logp"]
-        assert lo < 0 and (hi > 1 if flow_steps else 0 < hi < 0.01)
+    for head in ("autoregressive", "parallel", "flow", "gaussian"):         # every head's replay too
+        spec = make_spec(head=head, S=3)
+        for name, field in spec.fields().items():
+            if field.dtype == "float32":
+                assert (field.bound in spec.bounds()) != (name in own_check), (head, name)
+        lo, hi, _ = spec.bounds()["logp"]
+        assert lo < 0 and (hi > 1 if spec.densities else 0 < hi < 0.01)
     frames = P.encode_segment(make_segment(SMALL, B=2, truncations=1, episodes=2))
     with pytest.raises(ValidationError, match="meta 'act_s' must be a finite number, got nan"):
         P.decode_segment(_set_meta("act_s", float("nan"))(list(frames)), SMALL, LIMITS)

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from asyncvla.learner import checkpoint as ck
-from tests.ports import free_ports
+from tests.support.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

@@ -70,5 +70,5 @@ def test_sft_trains_logs_resumes_and_writes_a_policy_eval_and_export_take(tmp_pa
     image = episodes[0].images[:2]
     ids, mask = exported.tokenize([episodes[0].instruction] * 2)
     final = VLAPolicy.from_pretrained(run / "policy")
-    same = exported.act(image, ids, mask, greedy=True).action_tokens == final.act(image, ids, mask, greedy=True).action_tokens
+    same = exported.act(image, ids, mask, greedy=True).replay["action_tokens"] == final.act(image, ids, mask, greedy=True).replay["action_tokens"]
     assert same.all()

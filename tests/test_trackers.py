@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.ports import run_port_overrides
+from tests.support.ports import run_port_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["learner.batch_trajectories=4", "learner.micro_batch_size=16", "actor.num_envs=4", "actor.rollout_length=4",

@@ -22,8 +22,8 @@ from asyncvla.common import transport
 from asyncvla.common.config import TransportConfig
 from asyncvla.common.sockets import bound_endpoint
 from asyncvla.common.trajectory_channel import ack_count, ack_frame
-from tests.test_protocol import make_segment, make_spec, process_token
-from tests.wire import header_of, pack_header
+from tests.support.segments import make_segment, make_spec, process_token
+from tests.support.wire import header_of, pack_header
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -20,10 +20,10 @@ from asyncvla.common.config import TransportConfig
 from asyncvla.common.control import Registry
 from asyncvla.common.sockets import TransportError, bound_endpoint
 from asyncvla.launch import cli
-from tests.ports import free_ports, run_ports
-from tests.test_protocol import make_segment, make_spec
+from tests.support.ports import free_ports, run_ports
+from tests.support.segments import make_segment, make_spec
 from tests.test_transport import REPO, deep_list, hostile_requests, reasons_of, send_raw, wait_until
-from tests.wire import pack_header
+from tests.support.wire import pack_header
 
 FAST = dict(heartbeat_interval_s=0.1, heartbeat_timeout_s=1.5, reconnect_max_s=0.4, linger_ms=200)
 SPEC = make_spec(T=2, B=2, H=16, L=8, K=2, D=3)
@@ -363,7 +363,7 @@ ACTOR = r"""
 import sys, time
 from asyncvla.common import transport
 from asyncvla.common.config import TransportConfig
-from tests.test_protocol import make_segment, make_spec
+from tests.support.segments import make_segment, make_spec
 cfg = TransportConfig(heartbeat_interval_s=0.1, heartbeat_timeout_s=0.8, linger_ms=200)
 client = transport.LearnerClient(sys.argv[1], sys.argv[2], cfg)
 welcome = client.join(timeout=30)

@@ -1,19 +1,14 @@
 """VLAPolicy: one model for the actors (sampling) and the learner (training).
 
-The VLM (a family of families/: Idefics3 / SmolVLM, PaliGemma, Qwen2.5-VL) reads the image and the
-instruction and predicts N = K*D action tokens; a value head reads the hidden state of the last prompt token.
-With `policy.action_head=autoregressive`, `act` samples the action tokens one by one with the KV
-cache (no grad) and `evaluate` teacher-forces given action tokens (with grad); with `parallel`
-(action_head.py) both read all N tokens' distributions off one pass over the prompt and N learned
-action queries. Both take their log-probs, entropies and values from one function, `_score` (a
-pass turned into numbers by `token_logprobs`), at the same temperature (`policy.temperature`
-unless overridden), so the learner's log-probs of the behaviour tokens reproduce the actor's
-exactly for the same weights and inputs.
-
-With `flow` (flow_expert.py, flow_sampling.py) the actions are continuous: one pass over the prompt
-gives every layer's hidden states, an action expert denoises the chunk from them in
-policy.flow.num_steps steps, and `act` returns the chain with its Gaussian steps, whose log-prob
-`evaluate` recomputes from the same prompt pass.
+A policy is a backbone (a VLM of one of families/: Idefics3 / SmolVLM, PaliGemma, Qwen2.5-VL), a
+prompt (the image, the instruction and optionally the robot's state, prompt.py), a value head
+(value_head.py: V(x) from the last prompt token's hidden state, and a small CNN of its own) and an
+action head (heads/: autoregressive or parallel action tokens, a flow of continuous actions, or a
+Gaussian). `act` samples a chunk and returns its replay, what scores it again; `evaluate` gives
+the log-probs of a replay at a log-prob level, the entropies and values (with grad); `sft_loss`
+the head's supervised loss on demo actions. Act and evaluate get their numbers from the same head
+pass at the same temperature (`policy.temperature` unless overridden), so the learner's
+log-probs of the behaviour actions reproduce the actor's exactly for the same weights and inputs.
 
 The root module owns no parameters of its own (DeepSpeed ZeRO-3 gathers parameters with hooks on
 submodules), and the VLM's submodules are always called, never their weights read, for the same reason.
@@ -35,16 +30,14 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..config import BackboneConfig, FlowConfig, PolicyConfig
-from .action_head import ACTION_HEADS, ActionQueries, query_attention_mask
+from ..config import PolicyConfig, structural_keys
 from .action_tokenizer import ActionTokenizer
 from .backbone import (ImageSpec, base_state_dict, check_backbone_dir, load_backbone, quiet,
                        write_tiny_backbone)
 from .families import family_of
-from .flow import flow_matching_loss, interpolate, sample_time
-from .flow_expert import FlowExpert
-from .flow_sampling import FlowSampling, chain_logprob, sample_chain
-from .logprobs import action_log_softmax, reduce_logprobs, token_logprobs
+from .heads import make_head
+from .heads.queries import query_attention_mask
+from .logprobs import reduce_logprobs
 from .prompt import make_layout, tokenize_instructions
 from .value_head import ImageTokens, StateEncoder, ValueHead
 
@@ -52,35 +45,25 @@ POLICY_FILE = "policy.json"
 BACKBONE_DIR = "backbone"
 ADAPTER_DIR = "adapter"
 HEADS_FILE = "heads.safetensors"
-# Parameters of the policy's own beside the VLM: trained with LoRA too, saved in HEADS_FILE.
-HEAD_PREFIXES = ("value_head.", "state_encoder.", "action_queries.", "image_tokens.", "flow_expert.")
+# Parameters of the policy's own beside the VLM (these and its action head's modules): trained with
+# LoRA too, saved in HEADS_FILE.
+OWN_MODULES = ("value_head", "state_encoder", "image_tokens")
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 FORMAT = "asyncvla-vla-policy"
 FORMAT_VERSION = 1
-# Settings that shape the network or its inputs/outputs: a checkpoint used as policy.pretrained_path
-# must agree with the config on these.
-STRUCTURAL_KEYS = ("image_size", "action_dim", "num_action_chunks", "n_bins", "max_instruction_tokens",
-                   "state_dim", "is_lora", "lora_rank", "value_encoder", "action_head", "cnn_image_tokens")
-# The flow expert's shape (policy.flow.*): the rest of policy.flow may change between runs (noise_method
-# too: a checkpoint gains or drops Flow-Noise's noise network as it loads).
-FLOW_STRUCTURAL_KEYS = ("width", "depth", "heads", "kv_heads", "head_dim", "mlp", "train_expert_only")
 
 
 class ActOutput(NamedTuple):
-    actions: np.ndarray        # float32 [B, K, D], bin centres (flow: continuous) in [action_low, action_high]
-    action_tokens: np.ndarray  # int64 [B, N] vocabulary ids (flow: [B, 0])
-    logprobs: np.ndarray       # float32 [B, N] token level, under the sampling temperature (flow: per
-                               # chunk entry, the mean over the chain's Gaussian steps)
+    actions: np.ndarray        # float32 [B, K, D] in the env's units (token heads: bin centres)
+    replay: dict               # name -> array [B, ...]: the head's replay of the actions (heads/)
+    logprobs: np.ndarray       # float32 [B, N] per action entry, under the sampling temperature
     values: np.ndarray         # float32 [B]
-    flow_chain: np.ndarray | None = None       # flow: float32 [B, S+1, K, D], noise ... the chunk in [-1, 1]
-    flow_stochastic: np.ndarray | None = None  # flow: uint8 [B, S], 1 = that denoising step was Gaussian
 
 
 class EvalOutput(NamedTuple):
     logprobs: torch.Tensor     # float32 [B, M], M = N, K or 1 (token / action / chunk level)
-    entropy: torch.Tensor      # float32 [B, M], entropy over the action bins, summed like logprobs
+    entropy: torch.Tensor      # float32 [B, M], summed like logprobs
     values: torch.Tensor       # float32 [B]
-    mode_tokens: torch.Tensor  # int64 [B, N]: the most likely action-token id at each position (no grad)
 
 
 def resolve_dtype(precision: str, device) -> torch.dtype:
@@ -109,18 +92,14 @@ class VLAPolicy(nn.Module):
                                                 low=tuple(cfg.action_low), high=tuple(cfg.action_high))
         self.value_head = ValueHead(hidden, cfg.value_head_hidden, cfg.value_encoder)
         self.state_encoder = StateEncoder(cfg.state_dim, hidden) if cfg.state_dim > 0 else None
-        if cfg.action_head not in ACTION_HEADS:
-            raise ValueError(f"policy.action_head={cfg.action_head!r} is not allowed; choose one of "
-                             f"{list(ACTION_HEADS)}")
-        # Built last, so that an autoregressive policy's init draws the same numbers as before.
-        self.action_queries = (ActionQueries(self.num_action_tokens, hidden,
-                                             getattr(vlm.config.text_config, "initializer_range", 0.02))
-                               if cfg.action_head == "parallel" else None)
         self.image_tokens = ImageTokens(cfg.cnn_image_tokens, hidden) if cfg.cnn_image_tokens else None
-        f = cfg.flow
-        self.flow_expert = (FlowExpert(cfg.action_dim, cfg.num_action_chunks, hidden, f.width, f.depth, f.heads,
-                                       f.kv_heads, f.head_dim, f.mlp, learn_noise=f.noise_method == "flow_noise")
-                            if cfg.action_head == "flow" else None)
+        # The action head's own modules, built last (the other modules' init draws what it did
+        # before heads had modules), set on the policy under the head's names.
+        self.head = make_head(cfg)
+        modules = self.head.modules(hidden, getattr(vlm.config.text_config, "initializer_range", 0.02))
+        for name, module in modules.items():
+            self.add_module(name, module)
+        self.own_prefixes = tuple(f"{n}." for n in (*OWN_MODULES, *modules))
         image_seq_len = self.family.image_seq_len(vlm.config, image_spec.model_size)
         self.layout = make_layout(tokenizer, vlm.config.image_token_id, image_seq_len,
                                   cfg.max_instruction_tokens, state_token=cfg.state_dim > 0,
@@ -136,13 +115,12 @@ class VLAPolicy(nn.Module):
         if path and os.path.isfile(os.path.join(path, POLICY_FILE)):
             policy = cls.from_pretrained(path, device=device, dtype=dtype)
             policy._check_matches(cfg, path)
+            # The keys that shape nothing are this run's: temperature, precision, a head's free choices.
             policy.cfg = dataclasses.replace(policy.cfg, temperature=cfg.temperature, precision=cfg.precision,
-                                             pretrained_path=path, flow=cfg.flow)
-            if policy.flow_expert is not None:    # the noise method is RL's choice, not the checkpoint's
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(cfg.init_seed)
-                    policy.flow_expert.set_learn_noise(cfg.flow.noise_method == "flow_noise")
-                policy._set_trainable()
+                                             pretrained_path=path, flow=cfg.flow, gaussian=cfg.gaussian)
+            policy.head.cfg = policy.cfg
+            policy.head.adapt(policy, cfg)
+            policy._set_trainable()
             return policy
         with (contextlib.nullcontext(path) if path else tempfile.TemporaryDirectory()) as src:
             if not path:  # written and then loaded like any checkpoint
@@ -200,7 +178,7 @@ class VLAPolicy(nn.Module):
             policy = cls(backbone, tokenizer, image_spec, cfg)
         if heads_file is not None:
             heads = load_file(heads_file)
-            own = {n: p for n, p in policy.named_parameters() if n.startswith(HEAD_PREFIXES)}
+            own = {n: p for n, p in policy.named_parameters() if n.startswith(policy.own_prefixes)}
             if set(heads) != set(own):
                 raise ValueError(f"'{heads_file}' holds {sorted(heads)}; this policy's heads are "
                                  f"{sorted(own)}")
@@ -211,10 +189,11 @@ class VLAPolicy(nn.Module):
         return policy.to(torch.device(device)).eval()
 
     def _check_matches(self, cfg: PolicyConfig, path: str):
-        pairs = [(key, getattr(cfg, key), getattr(self.cfg, key)) for key in STRUCTURAL_KEYS]
-        if cfg.action_head == "flow" == self.cfg.action_head:
-            pairs += [(f"flow.{k}", getattr(cfg.flow, k), getattr(self.cfg.flow, k)) for k in FLOW_STRUCTURAL_KEYS]
-        for key, wanted, saved in pairs:
+        """The policy a saved checkpoint holds must be the one `cfg` describes on every key that
+        shapes it (the config's structural keys), but its backbone (the checkpoint's own) and its
+        action range (the demos' of its SFT)."""
+        for key in structural_keys(PolicyConfig, exclude=("backbone", "action_low", "action_high")):
+            wanted, saved = _get(cfg, key), _get(self.cfg, key)
             if wanted != saved:
                 raise ValueError(f"policy.{key}={wanted!r} but the checkpoint "
                                  f"policy.pretrained_path='{path}' was saved with {key}={saved!r}")
@@ -236,11 +215,6 @@ class VLAPolicy(nn.Module):
     def num_action_tokens(self) -> int:
         return self.cfg.num_action_chunks * self.cfg.action_dim
 
-    @property
-    def flow_sampling(self) -> FlowSampling:
-        f = self.cfg.flow
-        return FlowSampling(f.num_steps, f.noise_method, f.noise_level, f.log_std_min, f.log_std_max)
-
     # ------------------------------------------------------------------------ entry points
     def tokenize(self, texts) -> tuple[np.ndarray, np.ndarray]:
         """list[str] -> ids int64 [B, L], mask uint8 [B, L] (left-padded); too long raises ValueError."""
@@ -250,39 +224,21 @@ class VLAPolicy(nn.Module):
     @torch.no_grad()
     def act(self, image, ids, mask, state=None, temperature: float | None = None, greedy: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:
-        """Sample a chunk of actions (numpy outputs) from softmax(logits / T) over the action ids
-        (T = policy.temperature unless given); greedy takes the argmax. Autoregressive head: tokens
-        are drawn one by one with the KV cache, and the reported log-probs (under T, greedy too) and
-        values then come from one teacher-forced pass over the sampled tokens: the computation
-        `evaluate` does, so actor and learner agree to the last bit on the same inputs (the cached
-        logits differ by rounding only). Parallel head: one pass gives every token's distribution;
-        all are sampled and scored from it, and `evaluate` makes that same pass."""
+        """Sample a chunk of actions (numpy outputs) from the head's distribution at temperature T
+        (policy.temperature unless given; token heads: softmax(logits / T)); greedy takes its mode.
+        The log-probs are per action entry under T, computed as `evaluate` computes them."""
         temperature = self.temperature if temperature is None else temperature
-        image, ids, mask, state = self._inputs(image, ids, mask, state)
-        prompt = self._prompt(image, ids, mask, state)
-        if self.flow_expert is not None:
-            return self._act_flow(prompt, greedy, generator)
-        if self.action_queries is not None:
-            forward = self._query_pass(prompt)
-            bins = self._choose(forward[0], temperature, greedy, generator)
-        else:
-            forward, bins = None, self._sample(prompt, temperature, greedy, generator)
-        logp, _, values, _ = self._score(prompt, bins, temperature, forward)
-        tokens = bins + self.action_tokenizer.first_id
-        actions = self.action_tokenizer.from_bins(bins.cpu()).reshape(
-            -1, self.cfg.num_action_chunks, self.cfg.action_dim)
-        return ActOutput(actions.numpy(), tokens.cpu().numpy(), logp.cpu().numpy(), values.cpu().numpy())
+        prompt = self._prompt(*self._inputs(image, ids, mask, state))
+        out = self.head.act(self, prompt, temperature, greedy, generator)
+        return ActOutput(_numpy(out.actions), {k: _numpy(v) for k, v in out.replay.items()}, _numpy(out.logprobs),
+                         _numpy(out.values.float()))
 
-    def evaluate(self, image, ids, mask, state, action_tokens, logprob_type: str = "token_level",
-                 temperature: float | None = None, flow_chain=None, flow_stochastic=None,
-                 value_image=None) -> EvalOutput:
-        """Log-probs, entropies and values of given action tokens (with grad): teacher-forced with the
-        autoregressive head; the one query pass with the parallel head (the tokens are not its input).
-        Log-probs are under softmax(logits / T), T = policy.temperature unless given, as in `act`.
-        Flow head: of the given chains instead (`act`'s flow_chain and flow_stochastic); the entropy
-        is that of their Gaussian steps, and mode_tokens is empty [B, 0]. `value_image` (uint8 like
-        `image`): what a value head that reads the image (value_encoder cnn) sees instead, e.g. a
-        random shift of it; the policy's outputs are unchanged."""
+    def evaluate(self, image, ids, mask, state, replay: dict, logprob_type: str = "token_level",
+                 temperature: float | None = None, value_image=None) -> EvalOutput:
+        """Log-probs (summed to `logprob_type`), entropies and values of the actions `replay`
+        describes (what `act` returned with them), with grad, at temperature T as in `act`.
+        `value_image` (uint8 like `image`): what a value head that reads the image (value_encoder
+        cnn) sees instead, e.g. a random shift of it; the policy's outputs are unchanged."""
         temperature = self.temperature if temperature is None else temperature
         image, ids, mask, state = self._inputs(image, ids, mask, state)
         prompt = self._prompt(image, ids, mask, state)
@@ -292,28 +248,32 @@ class VLAPolicy(nn.Module):
                 raise ValueError(f"value_image must be like the image, uint8 {list(image.shape)}; got "
                                  f"{str(value_image.dtype).replace('torch.', '')} {list(value_image.shape)}")
             prompt = (*prompt[:3], value_image)
-        if self.flow_expert is not None:
-            return self._evaluate_flow(prompt, flow_chain, flow_stochastic, logprob_type)
-        bins = self._action_token_input(action_tokens, ids.shape[0]) - self.action_tokenizer.first_id
-        logp, entropy, values, mode = self._score(prompt, bins, temperature)
+        out = self.head.evaluate(self, prompt, replay, temperature)
         k, d = self.cfg.num_action_chunks, self.cfg.action_dim
-        return EvalOutput(reduce_logprobs(logp, logprob_type, k, d),
-                          reduce_logprobs(entropy, logprob_type, k, d), values,
-                          mode + self.action_tokenizer.first_id)
+        return EvalOutput(reduce_logprobs(out.logprobs, logprob_type, k, d),
+                          reduce_logprobs(out.entropy, logprob_type, k, d), out.values)
 
-    def forward(self, *args, flow_matching_actions=None, generator=None, **kwargs):
-        """Same as `evaluate`, so a DeepSpeed engine wrapping this module can be called directly;
-        with flow_matching_actions, `flow_matching_loss` of the observation args (flow SFT)."""
-        if flow_matching_actions is not None:
-            return self.flow_matching_loss(*args[:4], flow_matching_actions, generator)
-        return self.evaluate(*args, **kwargs)
+    def sft_loss(self, image, ids, mask, state, actions, generator: torch.Generator | None = None):
+        """The head's supervised loss on demo actions [B, K, D] (env units), with grad: (per-sample
+        loss [B], values [B], per-sample stats {name: [B]})."""
+        prompt = self._prompt(*self._inputs(image, ids, mask, state))
+        return self.head.sft_loss(self, prompt, _as_tensor(actions), generator)
+
+    def forward(self, image, ids, mask, state=None, *, replay: dict | None = None,
+                logprob_type: str = "token_level", temperature: float | None = None, value_image=None,
+                demo_actions=None, generator=None):
+        """What a DeepSpeed engine wrapping this module calls: `evaluate` of `replay`, or with
+        `demo_actions` the head's `sft_loss` of them."""
+        if demo_actions is not None:
+            return self.sft_loss(image, ids, mask, state, demo_actions, generator)
+        return self.evaluate(image, ids, mask, state, replay, logprob_type, temperature, value_image)
 
     def value(self, image, ids, mask, state=None) -> torch.Tensor:
         """V(x) [B] fp32 from the prompt alone (for bootstrapping truncated episodes)."""
         image, ids, mask, state = self._inputs(image, ids, mask, state)
         embeds, attn, pos, image = self._prompt(image, ids, mask, state)
-        hidden = self._decode(embeds, self._prompt_mask(attn, embeds.dtype), pos, cache=None,
-                              use_cache=False).last_hidden_state
+        hidden = self.decode(embeds, self.prompt_mask(attn, embeds.dtype), pos, cache=None,
+                             use_cache=False).last_hidden_state
         return self.value_head(hidden[:, -1], image)
 
     # --------------------------------------------------------------- trainable parameters
@@ -322,11 +282,11 @@ class VLAPolicy(nn.Module):
             p.requires_grad_(self._is_trainable(name))
 
     def _is_trainable(self, name: str) -> bool:
-        if self.cfg.action_head == "flow" and self.cfg.flow.train_expert_only:
-            return name.startswith(HEAD_PREFIXES)
+        if self.head.freezes_backbone():
+            return name.startswith(self.own_prefixes)
         if not self.cfg.is_lora:
             return True
-        return ".lora_" in name or name.startswith(HEAD_PREFIXES)
+        return ".lora_" in name or name.startswith(self.own_prefixes)
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Detached copies of what training changes (LoRA + heads, or every parameter without LoRA):
@@ -368,7 +328,7 @@ class VLAPolicy(nn.Module):
             lora = {k: v.detach().cpu().contiguous() for k, v in lora.items()}
             save_file(lora, os.path.join(adapter_dir, ADAPTER_FILES[1]), metadata={"format": "pt"})
         heads = {n: p.detach().cpu().contiguous() for n, p in self.named_parameters()
-                 if n.startswith(HEAD_PREFIXES)}
+                 if n.startswith(self.own_prefixes)}
         save_file(heads, os.path.join(path, HEADS_FILE))
         policy = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "pretrained_path"}
         meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "policy": policy,
@@ -427,134 +387,6 @@ class VLAPolicy(nn.Module):
         dev = self.device
         return image.to(dev), ids.to(dev, torch.long), mask.to(dev, torch.long), state
 
-    def _action_token_input(self, action_tokens, batch: int) -> torch.Tensor:
-        tokens = _as_tensor(action_tokens)
-        n = self.num_action_tokens
-        if tokens.ndim != 2 or tuple(tokens.shape) != (batch, n) or tokens.is_floating_point():
-            raise ValueError(f"action_tokens must be integer [B={batch}, N={n}] "
-                             f"(K={self.cfg.num_action_chunks} x D={self.cfg.action_dim}); got "
-                             f"{str(tokens.dtype).replace('torch.', '')} {list(tokens.shape)}")
-        first, vocab = self.action_tokenizer.first_id, self.action_tokenizer.vocab_size
-        if int(tokens.min()) < first or int(tokens.max()) >= vocab:
-            raise ValueError(f"action_tokens must be action-token ids in [{first}, {vocab}); got values in "
-                             f"[{int(tokens.min())}, {int(tokens.max())}]")
-        return tokens.to(self.device, torch.long)
-
-    def _sample(self, prompt, temperature: float, greedy: bool, generator) -> torch.Tensor:
-        """Autoregressive decoding of the N action tokens with the KV cache -> bins int64 [B, N]."""
-        embeds, attn, pos, _ = prompt
-        out = self._decode(embeds, self._prompt_mask(attn, embeds.dtype), pos, cache=None, use_cache=True)
-        bins = []
-        for i in range(self.num_action_tokens):
-            logits = self._action_logits(out.last_hidden_state[:, -1])  # [B, n_bins]
-            bins.append(self._choose(logits, temperature, greedy, generator))
-            if i + 1 < self.num_action_tokens:
-                attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], 1)
-                pos = pos[..., -1:] + 1
-                embeds = self._embed(bins[-1][:, None] + self.action_tokenizer.first_id)
-                out = self._decode(embeds, attn, pos, cache=out.past_key_values, use_cache=True)
-        return torch.stack(bins, 1)
-
-    def _score(self, prompt, bins: torch.Tensor, temperature: float, forward=None):
-        """Log-probs of `bins` [B, N], entropies [B, N], values [B] and most likely bins [B, N] from
-        the head's pass (`forward` = its (logits, values) when already made). The single place where
-        act and evaluate get their numbers."""
-        if forward is None:
-            forward = self._query_pass(prompt) if self.action_queries is not None \
-                else self._teacher_forced_pass(prompt, bins)
-        logits, values = forward
-        logp, entropy = token_logprobs(logits, bins, temperature)
-        return logp, entropy, values, logits.detach().argmax(-1)
-
-    def _teacher_forced_pass(self, prompt, bins: torch.Tensor):
-        """Prompt + action tokens -> action logits [B, N, n_bins], values [B] (autoregressive head)."""
-        embeds, attn, pos, image = prompt
-        p, n = embeds.shape[1], self.num_action_tokens
-        # The last action token predicts nothing we score, so it is not fed.
-        embeds = torch.cat([embeds, self._embed(bins[:, :-1] + self.action_tokenizer.first_id)], 1)
-        if self.family.prefix_bidirectional:
-            attn = query_attention_mask(attn, n - 1, embeds.dtype, bidirectional_prompt=True, causal_queries=True)
-        else:
-            attn = torch.cat([attn, attn.new_ones(attn.shape[0], n - 1)], 1)
-        pos = torch.cat([pos, pos[..., -1:] + torch.arange(1, n, device=pos.device)], -1)
-        hidden = self._decode(embeds, attn, pos, cache=None, use_cache=False).last_hidden_state
-        return self._action_logits(hidden[:, p - 1:]), self.value_head(hidden[:, p - 1], image)
-
-    def _query_pass(self, prompt):
-        """Prompt + N action queries -> action logits [B, N, n_bins], values [B] (parallel head):
-        the hidden state at query i predicts token i; the value reads the last prompt token, which
-        does not see the queries."""
-        embeds, attn, pos, image = prompt
-        (b, p, _), n = embeds.shape, self.num_action_tokens
-        embeds = torch.cat([embeds, self.action_queries(b, embeds.dtype)], 1)
-        pos = torch.cat([pos, pos[..., -1:] + torch.arange(1, n + 1, device=pos.device)], -1)
-        attn = query_attention_mask(attn, n, embeds.dtype, bidirectional_prompt=self.family.prefix_bidirectional)
-        hidden = self._decode(embeds, attn, pos, cache=None, use_cache=False).last_hidden_state
-        return self._action_logits(hidden[:, p:]), self.value_head(hidden[:, p - 1], image)
-
-    # ------------------------------------------------------------------------ flow head
-    def _prefix_pass(self, prompt):
-        """The prompt alone -> the VLM's hidden states of every layer (embeddings first) and the
-        value [B]: what the action expert reads, computed once per chunk."""
-        embeds, attn, pos, image = prompt
-        out = self._decode(embeds, self._prompt_mask(attn, embeds.dtype), pos, cache=None, use_cache=False,
-                           output_hidden_states=True)
-        return out.hidden_states, self.value_head(out.last_hidden_state[:, -1], image)
-
-    def _act_flow(self, prompt, greedy: bool, generator) -> ActOutput:
-        hidden_states, values = self._prefix_pass(prompt)
-        kv = self.flow_expert.prefix_kv(hidden_states, len(hidden_states) - 1)
-        b, k, d = prompt[0].shape[0], self.cfg.num_action_chunks, self.cfg.action_dim
-        out = sample_chain(self.flow_expert, self.flow_sampling, kv, prompt[1], (b, k, d), greedy, generator)
-        actions = self.action_tokenizer.from_unit(out.chain[:, -1].reshape(b, k * d)).reshape(b, k, d)
-        return ActOutput(actions.cpu().numpy(), np.zeros((b, 0), np.int64),
-                         out.logp.reshape(b, k * d).cpu().numpy(), values.float().cpu().numpy(),
-                         out.chain.cpu().numpy(), out.stochastic.to(torch.uint8).cpu().numpy())
-
-    def _evaluate_flow(self, prompt, chain, stochastic, logprob_type: str) -> EvalOutput:
-        b, k, d = prompt[0].shape[0], self.cfg.num_action_chunks, self.cfg.action_dim
-        chain, stochastic = self._flow_chain_input(chain, stochastic, b)
-        hidden_states, values = self._prefix_pass(prompt)
-        kv = self.flow_expert.prefix_kv(hidden_states, len(hidden_states) - 1)
-        logp, entropy = chain_logprob(self.flow_expert, self.flow_sampling, kv, prompt[1], chain, stochastic)
-        return EvalOutput(reduce_logprobs(logp.reshape(b, k * d), logprob_type, k, d),
-                          reduce_logprobs(entropy.reshape(b, k * d), logprob_type, k, d), values,
-                          torch.zeros(b, 0, dtype=torch.long, device=values.device))
-
-    def flow_matching_loss(self, image, ids, mask, state, actions, generator=None):
-        """SFT of the flow head (with grad): pi0's loss on demo actions [B, K, D] (env units, mapped
-        to [-1, 1] with the policy's action range) at times from Beta(policy.flow.time_alpha, 1).
-        Returns (loss, values [B])."""
-        image, ids, mask, state = self._inputs(image, ids, mask, state)
-        prompt = self._prompt(image, ids, mask, state)
-        b, k, d = image.shape[0], self.cfg.num_action_chunks, self.cfg.action_dim
-        target = self.action_tokenizer.to_unit(_as_tensor(actions).to(self.device, torch.float32).reshape(b, k * d))
-        target = target.reshape(b, k, d)
-        hidden_states, values = self._prefix_pass(prompt)
-        kv = self.flow_expert.prefix_kv(hidden_states, len(hidden_states) - 1)
-        dev = generator.device if generator is not None else self.device
-        noise = torch.randn(target.shape, generator=generator, device=dev).to(self.device)
-        t = sample_time((b,), generator, self.cfg.flow.time_alpha).to(self.device)
-        x_t, _ = interpolate(target, noise, t)
-        velocity = self.flow_expert(x_t.to(hidden_states[-1].dtype), t, kv, prompt[1])
-        return flow_matching_loss(velocity, target, noise), values
-
-    def _flow_chain_input(self, chain, stochastic, batch: int):
-        n, k, d = self.cfg.flow.num_steps, self.cfg.num_action_chunks, self.cfg.action_dim
-        if chain is None or stochastic is None:
-            raise ValueError("a flow-head policy evaluates chains: pass flow_chain and flow_stochastic "
-                             "(act's outputs), not action tokens")
-        chain, stochastic = _as_tensor(chain), _as_tensor(stochastic)
-        if tuple(chain.shape) != (batch, n + 1, k, d) or not chain.is_floating_point():
-            raise ValueError(f"flow_chain must be float [B={batch}, S+1={n + 1}, K={k}, D={d}] "
-                             f"(policy.flow.num_steps={n}); got {str(chain.dtype).replace('torch.', '')} "
-                             f"{list(chain.shape)}")
-        if tuple(stochastic.shape) != (batch, n):
-            raise ValueError(f"flow_stochastic must be [B={batch}, S={n}]; got {list(stochastic.shape)}")
-        if not torch.isfinite(chain).all():
-            raise ValueError("flow_chain holds NaN or inf")
-        return chain.to(self.device, torch.float32), stochastic.to(self.device).bool()
-
     def _pixels(self, image: torch.Tensor) -> torch.Tensor:
         """uint8 [B, H, W, 3] -> normalised [B, 3, h, w] as the checkpoint's image processor would."""
         spec = self.image_spec
@@ -569,7 +401,8 @@ class VLAPolicy(nn.Module):
         std = torch.tensor(spec.std, device=x.device).view(1, 3, 1, 1)
         return ((x - mean) / std).to(self.family.vision_dtype(self._vlm))
 
-    def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+    # What the heads reach the VLM through (heads/): always by calling its submodules.
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self._vlm.get_input_embeddings()(token_ids)
 
     def _prompt(self, image, ids, mask, state):
@@ -577,7 +410,7 @@ class VLAPolicy(nn.Module):
         (uint8 [B, H, W, 3], for a value head that reads it)."""
         lay, b = self.layout, ids.shape[0]
         fixed = torch.tensor(lay.fixed_ids, device=ids.device).expand(b, -1)
-        embeds = self._embed(torch.cat([fixed, ids], 1))
+        embeds = self.embed(torch.cat([fixed, ids], 1))
         feats = self.family.image_features(self._vlm, self._pixels(image))
         s, n = lay.image_start, lay.image_seq_len
         parts = [embeds[:, :s], feats.to(embeds.dtype), embeds[:, s + n:]]
@@ -592,38 +425,31 @@ class VLAPolicy(nn.Module):
         pos = self.family.positions(attn, lay, self._vlm.config, self.image_spec.model_size)
         return torch.cat(parts, 1), attn, pos, image
 
-    def _prompt_mask(self, attn, dtype):
+    def prompt_mask(self, attn, dtype):
         """The prompt's own mask: its padding mask [B, P], or for a family that attends to its prefix
         both ways the 4-D mask that says so."""
         if self.family.prefix_bidirectional:
             return query_attention_mask(attn, 0, dtype, bidirectional_prompt=True)
         return attn
 
-    def _decode(self, embeds, attn, pos, cache, use_cache: bool, output_hidden_states: bool = False):
+    def decode(self, embeds, attn, pos, cache, use_cache: bool, output_hidden_states: bool = False):
         return self.family.decoder(self._vlm)(inputs_embeds=embeds, attention_mask=attn, position_ids=pos,
                                               past_key_values=cache, use_cache=use_cache,
                                               output_hidden_states=output_hidden_states)
 
-    def _action_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def action_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of the action ids only (the last n_bins of the vocabulary): [..., n_bins]."""
         return self._vlm.lm_head(hidden)[..., self.action_tokenizer.first_id:]
-
-    @staticmethod
-    def _choose(logits: torch.Tensor, temperature: float, greedy: bool, generator) -> torch.Tensor:
-        """Bins [...] from action logits [..., n_bins]."""
-        if greedy:
-            return logits.argmax(-1)
-        probs = action_log_softmax(logits, temperature).exp()
-        if generator is not None and generator.device != probs.device:
-            probs = probs.to(generator.device)
-        drawn = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator)
-        return drawn.view(probs.shape[:-1]).to(logits.device)
 
 
 # ------------------------------------------------------------------------------- helpers
 def lora_targets(cfg: PolicyConfig, vlm) -> str:
     """policy.lora_target_modules, `auto` being the backbone family's."""
     return family_of(vlm.config).lora_targets if cfg.lora_target_modules == "auto" else cfg.lora_target_modules
+
+
+def _numpy(x) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
 def _as_tensor(x) -> torch.Tensor:
@@ -654,10 +480,21 @@ def _as_lists(d: dict, keys) -> dict:
 
 
 def _policy_config_from_dict(d: dict) -> PolicyConfig:
-    names = {f.name for f in dataclasses.fields(PolicyConfig)}
-    bnames = {f.name for f in dataclasses.fields(BackboneConfig)}
-    fnames = {f.name for f in dataclasses.fields(FlowConfig)}
-    backbone = BackboneConfig(**{k: v for k, v in d.get("backbone", {}).items() if k in bnames})
-    flow = FlowConfig(**{k: v for k, v in d.get("flow", {}).items() if k in fnames})
-    return PolicyConfig(**{k: v for k, v in d.items() if k in names and k not in ("backbone", "flow")},
-                        backbone=backbone, flow=flow)
+    """policy.json's settings as a PolicyConfig: keys it lacks (an older version wrote it) take their
+    defaults, keys this version no longer has are left out."""
+    def build(cls, values: dict):
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in values:
+                continue
+            section = f.default_factory if dataclasses.is_dataclass(f.default_factory) else None
+            kwargs[f.name] = build(section, values[f.name] or {}) if section else values[f.name]
+        return cls(**kwargs)
+    return build(PolicyConfig, d)
+
+
+def _get(cfg, dotted: str):
+    """cfg's value of a dotted key ('flow.width')."""
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg

@@ -119,7 +119,7 @@ def fleet_vs_local(quick: bool) -> dict:
     from pathlib import Path
 
     from tests.benchmarks import multinode
-    from tests.ports import free_ports, run_ports
+    from tests.support.ports import free_ports, run_ports
 
     missing = multinode.prerequisites()
     if missing:

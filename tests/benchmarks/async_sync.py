@@ -35,7 +35,7 @@ import numpy as np
 
 from tests.benchmarks import workload
 from tests.benchmarks.report import CpuMeter, Figure, at_least, at_most, main
-from tests.ports import run_port_overrides
+from tests.support.ports import run_port_overrides
 
 WARMUP = 3                 # updates left out of the steady-state window (start-up, queues filling)
 RUN_TIMEOUT_S = 420

@@ -23,7 +23,7 @@ import numpy as np
 
 from tests.benchmarks import workload
 from tests.benchmarks.report import Figure, main
-from tests.ports import free_ports
+from tests.support.ports import free_ports
 
 RANK_TIMEOUT_S = 300
 # The workload's batch (3 trajectories) does not split over 2 ranks: 8 trajectories x 8 steps do.

@@ -85,7 +85,7 @@ import numpy as np
 
 from tests.benchmarks import workload
 from tests.benchmarks.report import Figure, at_most, main
-from tests.ports import run_port_overrides
+from tests.support.ports import run_port_overrides
 
 ARMS = {"sync": ["--sync"],
         "async": ["algorithm.policy_loss=behavior_clip"],

@@ -42,7 +42,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from tests.benchmarks.report import ROOT, Figure, main
-from tests.ports import free_ports, run_ports
+from tests.support.ports import free_ports, run_ports
 
 NODES = ("127.0.0.2", "127.0.0.3")     # loopback aliases: every 127.x.y.z reaches lo on Linux
 STEPS, RESUMED_STEPS, SAVE_INTERVAL = 6, 9, 3

@@ -128,7 +128,7 @@ def evaluate_throughput(policy, repeats: int) -> dict:
             if acted.flow_chain is not None else {}
 
         def step():
-            out = policy.evaluate(image, ids, mask, None, acted.action_tokens, **chains)
+            out = policy.evaluate(image, ids, mask, None, acted.replay, **chains)
             (-(out.logprobs.sum()) + out.values.square().sum()).backward()
             policy.zero_grad(set_to_none=True)
         step = _synced(step)

@@ -41,6 +41,7 @@ from asyncvla.common.allocator import keep_freed_buffers
 from asyncvla.common.auth import actor_token
 from asyncvla.common.config import TransportConfig
 from asyncvla.common.protocol import Segment, SegmentSpec
+from tests.support.segments import make_spec
 from tests.benchmarks.report import Figure, at_least, main
 
 T, B, L, K, D = 4, 2, 32, 4, 7
@@ -91,7 +92,8 @@ def _side_for(nbytes: int) -> int:
 
 
 def _spec(side: int, t: int) -> SegmentSpec:
-    return SegmentSpec(image_size=side, instruction_len=L, num_tokens=K * D, num_action_chunks=K, num_steps=t)
+    """A token head's segments (its replay: action_tokens)."""
+    return make_spec(T=t, H=side, L=L, K=K, D=D, vocab=None)
 
 
 def _segment(side: int, t: int, b: int) -> Segment:

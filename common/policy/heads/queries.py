@@ -1,15 +1,12 @@
-"""The parallel action head (OpenVLA-OFT): all N = K*D action tokens from one forward pass.
-
-N learned action-query embeddings are placed after the prompt; the hidden state at query i gives
-the logits of action token i. No sampled token is fed back, so a policy step costs one pass of the
-language model instead of N, and the learner's teacher-forced pass is that same pass (the action
-tokens never enter the input).
+"""Learned action queries after the prompt (OpenVLA-OFT): one pass of the language model reads the
+prompt and N = K*D query embeddings, and the hidden state at query i stands for action entry i.
+The parallel head reads action-token logits off those states, the Gaussian head a mean.
 
 Attention: the prompt stays causal (its hidden states, and so the value, are those of the
 autoregressive head) and every query attends to the whole prompt and to every other query, in
 both directions, as OFT does. The backbone is a causal LM, so the mask is handed over as a ready
 4-D additive mask, which transformers passes to the attention unchanged (eager and SDPA; flash
-attention takes no 4-D mask).
+attention takes no 4-D mask). The same mask builder gives a prefix LM (PaliGemma) its prompt mask.
 """
 
 from __future__ import annotations
@@ -17,11 +14,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-ACTION_HEADS = ("autoregressive", "parallel", "flow")
-
 
 class ActionQueries(nn.Module):
-    """N learned input embeddings [N, H], one per action-token position."""
+    """N learned input embeddings [N, H], one per action entry."""
 
     def __init__(self, num_tokens: int, hidden_size: int, std: float):
         super().__init__()
@@ -31,6 +26,18 @@ class ActionQueries(nn.Module):
     def forward(self, batch: int, dtype: torch.dtype) -> torch.Tensor:
         """[B, N, H] in `dtype`. A copy, not a view: ZeRO-3 frees the gathered weight right after."""
         return self.weight.to(dtype).unsqueeze(0).repeat(batch, 1, 1)
+
+
+def query_pass(policy, prompt, queries: ActionQueries) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt + N action queries -> the hidden states at the queries [B, N, H] and the value [B]
+    (read at the last prompt token, which does not see the queries)."""
+    embeds, attn, pos, image = prompt
+    (b, p, _), n = embeds.shape, policy.num_action_tokens
+    embeds = torch.cat([embeds, queries(b, embeds.dtype)], 1)
+    pos = torch.cat([pos, pos[..., -1:] + torch.arange(1, n + 1, device=pos.device)], -1)
+    attn = query_attention_mask(attn, n, embeds.dtype, bidirectional_prompt=policy.family.prefix_bidirectional)
+    hidden = policy.decode(embeds, attn, pos, cache=None, use_cache=False).last_hidden_state
+    return hidden[:, p:], policy.value_head(hidden[:, p - 1], image)
 
 
 def query_attention_mask(prompt_mask: torch.Tensor, num_queries: int, dtype: torch.dtype,
