@@ -5,9 +5,9 @@
         published = ema.update(tensors)          # θ_pub <- d·θ_pub + (1-d)·θ, fp32 shadow
         weights.publish(version, published)
 
-or both at once with timings: `published, timings = publish_step(engine, ema_or_None)`; the
-learner's loop calls `Publisher(ema, weight_server).publish(engine, version, step)`, which does that
-and serves the result.
+The learner's loop does that with `Publisher(decay, rank0).publish(engine, version, step)`, which
+holds the EMA (`EmaWeights`) on rank 0, serves the result on the weight server it was started on,
+and returns the timings of each part.
 
 Names are the module's own parameter names (as an un-wrapped copy of the model sees them), so
 an actor can `load_trainable_state_dict` them straight into its copy.
@@ -19,6 +19,7 @@ import time
 from typing import Iterable, Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 # Gather at most this many elements at once: a full fine-tune of a large model must not be
@@ -114,12 +115,13 @@ def _buckets(named: list, bucket_numel: int) -> Iterator[list]:
         yield bucket
 
 
-class EmaPublisher:
+class EmaWeights:
     """The published weights θ_pub <- d·θ_pub + (1-d)·θ, kept in fp32 (bf16 would swallow the small
     updates of a decay near 1). The first update sets θ_pub = θ; d = 0 publishes θ as it is.
 
-    Lives on rank 0 only. `update` returns fresh tensors in `dtype` (copies: the transport may
-    still be sending them while the shadow moves on). `timings` holds the last update's seconds.
+    Lives on rank 0 only, with the publisher. `update` returns fresh tensors in `dtype` (copies:
+    the transport may still be sending them while the shadow moves on). `timings` holds the last
+    update's seconds.
     """
 
     def __init__(self, decay: float, dtype: torch.dtype = torch.float32):
@@ -157,7 +159,7 @@ class EmaPublisher:
         """Restore θ_pub from a checkpoint. The decay stays the one this publisher was built with
         (a resumed run may change rollout_ema_decay)."""
         if not isinstance(state, dict) or "shadow" not in state:
-            raise ValueError("EMA state must be a dict from EmaPublisher.state_dict() (with 'shadow')")
+            raise ValueError("EMA state must be a dict from EmaWeights.state_dict() (with 'shadow')")
         shadow = state["shadow"]
         self.shadow = None if shadow is None else {k: torch.as_tensor(v).to("cpu", torch.float32, copy=True)
                                                     for k, v in shadow.items()}
@@ -171,36 +173,43 @@ class EmaPublisher:
                            f"unexpected {extra[:3]} (the trainable set must not change during a run)")
 
 
-def publish_step(model, ema: EmaPublisher | None) -> tuple[dict[str, torch.Tensor] | None, dict]:
-    """Gather (every rank) then EMA (the rank that holds `ema`). Returns (tensors to publish or
-    None, timings {'gather_s', 'ema_s'})."""
-    t0 = time.perf_counter()
-    tensors = gather_trainable(model)
-    timings = {"gather_s": time.perf_counter() - t0, "ema_s": 0.0}
-    if ema is None or tensors is None:
-        return None, timings
-    published = ema.update(tensors)
-    timings["ema_s"] = ema.timings["ema_s"]
-    return published, timings
-
-
 class Publisher:
-    """The learner's publishing, every publish_interval: gather the trainable weights (a
-    collective: every rank calls `publish`), then on rank 0 — the one built with `ema` and the
-    weight `server` — EMA them and serve them as the new version."""
+    """The learner's publishing. Every publish_interval: gather the trainable weights (a collective:
+    every rank calls `publish`), then on rank 0, which holds the EMA of the published weights and
+    serves them on the weight server (`start`), average and serve them as the new version. Its
+    timings, the same keys on every rank: gather_s, ema_s, serve_s."""
 
-    def __init__(self, ema: EmaPublisher | None = None, server=None):
-        self.ema, self.server = ema, server
+    def __init__(self, decay: float, rank0: bool):
+        self.ema = EmaWeights(decay) if rank0 else None
+        self.server = None
 
-    def publish(self, model, version: int, step: int) -> float:
-        """Publish `version`, made by update `step`; returns the seconds it took on this rank."""
+    def start(self, model, version: int, step: int, server, resumed: bool, device) -> dict:
+        """Serve on `server` (rank 0's weight server; None elsewhere) from now on, and publish the
+        first version: the initial weights, or a resumed run's EMA weights exactly as its
+        checkpoint holds them. Initial weights that are not finite stop the run (every rank)."""
+        self.server = server
+        bad = torch.tensor([int(not trainable_finite(model))], device=device)
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if bad.item():
+            raise SystemExit("asyncvla learner: the initial trainable weights are non-finite (policy.pretrained_path "
+                             "or the checkpoint resumed from holds NaN or inf)")
+        return self.republish(version, step) if resumed else self.publish(model, version, step)
+
+    def publish(self, model, version: int, step: int) -> dict:
+        """Publish `version`, made by update `step`; its timings on this rank."""
         t0 = time.perf_counter()
-        published, _ = publish_step(model, self.ema)
-        if published is not None and self.server is not None:
-            self.server.publish(version, {k: v.numpy() for k, v in published.items()}, step)
-        return time.perf_counter() - t0
+        tensors = gather_trainable(model)
+        times = {"gather_s": time.perf_counter() - t0, "ema_s": 0.0, "serve_s": 0.0}
+        if self.ema is not None and tensors is not None:
+            published = self.ema.update(tensors)
+            times["ema_s"] = self.ema.timings["ema_s"]
+            t1 = time.perf_counter()
+            if self.server is not None:
+                self.server.publish(version, {k: v.numpy() for k, v in published.items()}, step)
+            times["serve_s"] = time.perf_counter() - t1
+        return times
 
-    def republish(self, version: int, step: int) -> float:
+    def republish(self, version: int, step: int) -> dict:
         """Serve the EMA weights exactly as a checkpoint restored them (a resumed run; no gather).
         Non-finite ones raise ValueError instead (checkpoint.load refuses them first): an actor
         would refuse them and wait, and the learner with it, for weights that never come."""
@@ -211,4 +220,13 @@ class Publisher:
                 raise ValueError(f"the restored EMA weights hold NaN or inf (tensor '{bad}'); version {version} "
                                  "not served")
             self.server.publish(version, {k: v.numpy() for k, v in published.items()}, step)
-        return 0.0
+        return {"gather_s": 0.0, "ema_s": 0.0, "serve_s": 0.0}
+
+    def ema_state(self) -> dict | None:
+        """What a checkpoint keeps of the published weights (rank 0's; None elsewhere)."""
+        return self.ema.state_dict() if self.ema is not None else None
+
+    def restore(self, state: dict | None) -> None:
+        """The published weights of the checkpoint a run resumes from."""
+        if self.ema is not None:
+            self.ema.load_state_dict(state)

@@ -34,7 +34,7 @@ from torch import nn
 
 from asyncvla.common.config import Config, to_dict
 from asyncvla.learner import checkpoint, engine as ds_engine
-from asyncvla.learner.publish import EmaPublisher, gather_trainable, partition_elements, trainable_finite
+from asyncvla.learner.publish import EmaWeights, gather_trainable, partition_elements, trainable_finite
 
 D_IN, WIDTH, RANK, N_OUT, MICRO = 8, 32, 4, 6, 4
 GAS = 2                   # micro batches per update on each rank
@@ -180,7 +180,7 @@ def phase_train(out: Path, rank: int, world: int) -> dict:
                  "gathered": [], "ref": [], "pub0": [], "pub5": [], "lrs": [], "timings": [],
                  "saves": {}, "save_s": []}
     rec.update(padded_partitions(engine))
-    ema0, ema5 = (EmaPublisher(0.0), EmaPublisher(0.5)) if rank == 0 else (None, None)
+    ema0, ema5 = (EmaWeights(0.0), EmaWeights(0.5)) if rank == 0 else (None, None)
 
     def publish():
         t0 = time.perf_counter()
@@ -221,7 +221,7 @@ def phase_resume(out: Path, rank: int, world: int) -> dict:
     checkpoint.set_rng_state(state["rng"])
     rec = {"found": str(found), "state": state, "rng_draws": rng_draws(),
            "lr_after_load": ds_engine.group_lrs(engine)}
-    ema = EmaPublisher(cfg.learner.rollout_ema_decay) if rank == 0 else None
+    ema = EmaWeights(cfg.learner.rollout_ema_decay) if rank == 0 else None
     if ema is not None:
         ema.load_state_dict(state["ema"])
         rec["ema_shadow"] = {k: v.clone() for k, v in ema.shadow.items()}
@@ -312,7 +312,7 @@ def phase_policy(out: Path, rank: int, world: int) -> dict:
     ds = ds_engine.build_ds_config(cfg, world, 1)
     ds["zero_optimization"]["stage3_param_persistence_threshold"] = 0    # shard every tensor
     engine = ds_engine.build_engine(policy, cfg, 1, ds_config=ds)
-    ema = EmaPublisher(cfg.learner.rollout_ema_decay) if rank == 0 else None
+    ema = EmaWeights(cfg.learner.rollout_ema_decay) if rank == 0 else None
     gathered = gather_trainable(engine)
     if ema:
         ema.update(gathered)

@@ -260,7 +260,7 @@ def test_the_learners_spec_refuses_text_ids_as_actions_and_absurd_rewards(head):
 
 @pytest.mark.parametrize("dead", ["control-server", "weight-server"])
 def test_a_dead_server_thread_stops_the_learner_and_names_it(link, monkeypatch, dead):
-    from asyncvla.learner.main import _check_alive
+    from asyncvla.learner.link import check_alive
 
     def bug(self, *args):                 # not something a peer can cause: a bug of ours
         raise KeyError("a bug of ours")
@@ -277,7 +277,7 @@ def test_a_dead_server_thread_stops_the_learner_and_names_it(link, monkeypatch, 
     timer.start()
     try:
         client.join(timeout=0.2)                   # a hello, and a weights request, reach the servers
-        inbox = Inbox(receiver, 4, watchdog=lambda: _check_alive(servers))
+        inbox = Inbox(receiver, 4, watchdog=lambda: check_alive(servers))
         started = time.monotonic()
         with pytest.raises(ThreadDied, match=f"the {dead} thread died: KeyError"):
             inbox.fill(4, 0, stop)

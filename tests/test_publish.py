@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from asyncvla.learner.publish import (EmaPublisher, Publisher, gather_trainable, local_trainable, nonfinite,
-                                     publish_step, trainable_finite, unwrap)
+from asyncvla.learner.publish import (EmaWeights, Publisher, gather_trainable, local_trainable, nonfinite,
+                                     trainable_finite, unwrap)
 
 
 def snapshots(n, seed=0):
@@ -17,7 +17,7 @@ def snapshots(n, seed=0):
 @pytest.mark.parametrize("decay", [0.0, 0.5, 0.99])
 def test_ema_matches_a_naive_loop(decay):
     thetas = snapshots(6)
-    ema = EmaPublisher(decay)
+    ema = EmaWeights(decay)
     for k, theta in enumerate(thetas):
         out = ema.update(theta)
         for name in theta:
@@ -29,7 +29,7 @@ def test_ema_matches_a_naive_loop(decay):
 
 
 def test_ema_keeps_fp32_and_casts_copies_for_publishing():
-    ema = EmaPublisher(0.999, dtype=torch.bfloat16)
+    ema = EmaWeights(0.999, dtype=torch.bfloat16)
     theta = {"w": torch.ones(4, dtype=torch.bfloat16)}
     ema.update(theta)
     out = ema.update({"w": torch.full((4,), 1.5, dtype=torch.bfloat16)})
@@ -40,17 +40,17 @@ def test_ema_keeps_fp32_and_casts_copies_for_publishing():
 
 
 def test_ema_state_round_trip_and_name_check():
-    a = EmaPublisher(0.5)
+    a = EmaWeights(0.5)
     for theta in snapshots(3):
         a.update(theta)
-    b = EmaPublisher(0.5)
+    b = EmaWeights(0.5)
     b.load_state_dict(a.state_dict())
     nxt = snapshots(1, seed=1)[0]
     assert all(torch.equal(a.update(nxt)[k], b.update(nxt)[k]) for k in nxt)
     with pytest.raises(KeyError, match="missing"):
         b.update({"w": nxt["w"]})
     with pytest.raises(ValueError):
-        EmaPublisher(1.0)
+        EmaWeights(1.0)
     with pytest.raises(ValueError):
         b.load_state_dict({"decay": 0.5})
 
@@ -77,16 +77,19 @@ def test_gather_from_a_plain_module_ships_only_trainable_fp32_copies():
     assert unwrap(model) is model
 
 
-def test_publish_step_gathers_then_averages_with_timings():
-    model = nn.Linear(3, 2)
-    ema = EmaPublisher(0.5)
-    first, timings = publish_step(model, ema)
-    assert torch.equal(first["weight"], model.weight.detach()) and set(timings) == {"gather_s", "ema_s"}
+def test_publisher_gathers_averages_and_serves_with_timings():
+    model, server = nn.Linear(3, 2), Server()
+    rank0, other = Publisher(0.5, rank0=True), Publisher(0.5, rank0=False)
+    rank0.server = server
+    timings = rank0.publish(model, 1, 10)
+    assert set(timings) == {"gather_s", "ema_s", "serve_s"} and server.served == [(1, 10, ["bias", "weight"])]
+    assert torch.equal(rank0.ema.shadow["weight"], model.weight.detach())
     with torch.no_grad():
         model.weight.add_(2.0)
-    second, _ = publish_step(model, ema)
-    assert torch.allclose(second["weight"], model.weight.detach() - 1.0)
-    assert publish_step(model, None)[0] is None           # ranks without a publisher only gather
+    rank0.publish(model, 2, 20)
+    assert torch.allclose(rank0.ema.shadow["weight"], model.weight.detach() - 1.0)
+    assert other.ema is None and other.ema_state() is None        # other ranks only gather
+    assert set(other.publish(model, 2, 20)) == {"gather_s", "ema_s", "serve_s"}
 
 
 def test_nonfinite_names_the_first_tensor_with_nan_or_inf():
@@ -114,12 +117,12 @@ class Server:
 
 
 def test_republish_serves_the_restored_ema_weights_but_never_non_finite_ones():
-    ema = EmaPublisher(0.5)
-    ema.load_state_dict({"shadow": {"w": torch.ones(3), "b": torch.zeros(2)}, "updates": 4})
-    server = Server()
-    Publisher(ema, server).republish(7, 70)
+    publisher, server = Publisher(0.5, rank0=True), Server()
+    publisher.restore({"shadow": {"w": torch.ones(3), "b": torch.zeros(2)}, "updates": 4})
+    publisher.server = server
+    publisher.republish(7, 70)
     assert server.served == [(7, 70, ["b", "w"])]
-    ema.shadow["w"][1] = float("nan")                    # as a checkpoint with one NaN in place restores it
+    publisher.ema.shadow["w"][1] = float("nan")          # as a checkpoint with one NaN in place restores it
     with pytest.raises(ValueError, match=r"tensor 'w'.*version 8 not served"):
-        Publisher(ema, server).republish(8, 80)
+        publisher.republish(8, 80)
     assert len(server.served) == 1

@@ -136,13 +136,13 @@ def test_another_policy_shape_is_refused_naming_both_values(runs):
 # ------------------------------------------------------------------------------------- the worker
 def phase_save(out: Path) -> dict:
     from asyncvla.common.config import to_dict
-    from asyncvla.learner.publish import EmaPublisher, gather_trainable
+    from asyncvla.learner.publish import EmaWeights, gather_trainable
     from tests import ds_worker as W
 
     cfg = W.make_config()
     rank = torch.distributed.get_rank()
     engine, _ = W.build(cfg, WORLD)
-    ema = EmaPublisher(cfg.learner.rollout_ema_decay) if rank == 0 else None
+    ema = EmaWeights(cfg.learner.rollout_ema_decay) if rank == 0 else None
     for update in (1, 2):
         W.engine_update(engine, update, rank)
         gathered = gather_trainable(engine)              # (a collective: every rank)

@@ -5,7 +5,7 @@ async design loses what it gains. Two payloads, each over the real code paths, w
 side in its own process and the actor side in this one:
 
   tiny   the benchmark policy's LoRA + value head in a 1-rank DeepSpeed ZeRO-3 engine (1 thread,
-         like the async-vs-sync learner): `gather_trainable` out of ZeRO-3, `EmaPublisher.update`,
+         like the async-vs-sync learner): `gather_trainable` out of ZeRO-3, `EmaWeights.update`,
          `WeightServer.publish` -> `WeightSubscriber.wait_newer` in the actor process (send = from
          the publish call to the arrays in the actor's hands), `VLAPolicy.load_trainable_state_dict`.
          Its learner step (the workload's `update`, median) is the denominator of the share.
@@ -106,7 +106,7 @@ def _learner_side(kind: str, versions: int, step_updates: int, conn) -> None:
     try:
         from asyncvla.common.config import TransportConfig
         from asyncvla.common.transport import WeightServer
-        from asyncvla.learner.publish import EmaPublisher, gather_trainable
+        from asyncvla.learner.publish import EmaWeights, gather_trainable
 
         torch.set_num_threads(workload.LEARNER_THREADS)
         cfg = workload.config()
@@ -118,7 +118,7 @@ def _learner_side(kind: str, versions: int, step_updates: int, conn) -> None:
         else:
             model = LoraPayload(lora_7b_shapes())
         server = WeightServer(TransportConfig(), endpoint="tcp://127.0.0.1:*", auth_key=KEY)
-        ema = EmaPublisher(cfg.learner.rollout_ema_decay)
+        ema = EmaWeights(cfg.learner.rollout_ema_decay)
         first = gather_trainable(model)
         conn.send({"endpoint": server.endpoint, "step_s": step_s, "tensors": len(first),
                    "parameters": sum(t.numel() for t in first.values()),
