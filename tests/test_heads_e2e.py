@@ -1,5 +1,6 @@
-"""The flow head end to end on the pixel task: demos -> flow-matching SFT -> asynchronous RL on a
-ZeRO-3 learner of 2 ranks -> export -> the export acts as the checkpoint does -> asyncvla eval."""
+"""The continuous action heads end to end on the pixel task: demos -> SFT (flow matching; the
+Gaussian's log-likelihood) -> asynchronous RL on a ZeRO-3 learner of 2 ranks -> export -> the
+export acts as the checkpoint does -> asyncvla eval."""
 
 import json
 import subprocess
@@ -7,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from asyncvla.common.policy import VLAPolicy
@@ -15,7 +17,7 @@ from tests.support.ports import run_port_overrides
 REPO = Path(__file__).resolve().parents[1]
 PIXEL = REPO / "configs" / "pixel_task.yaml"
 CLI = [sys.executable, "-m", "asyncvla.launch.cli"]
-FLOW = ["policy.action_head=flow", "policy.flow.num_steps=3"]
+HEADS = {"flow": ["policy.action_head=flow", "policy.flow.num_steps=3"], "gaussian": ["policy.action_head=gaussian"]}
 
 
 def run(*args, timeout):
@@ -24,18 +26,25 @@ def run(*args, timeout):
     return r.stdout + r.stderr
 
 
-def test_flow_head_sft_then_async_rl_on_zero3_then_export_and_eval(tmp_path):
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demos")
+    run("collect", str(PIXEL), "collect.num_episodes=16", "--out", str(out), timeout=120)
+    return out
+
+
+@pytest.mark.parametrize("head", list(HEADS))
+def test_sft_then_async_rl_on_zero3_then_export_and_eval(tmp_path, demos, head):
     from asyncvla.learner.export import export_policy, load_checkpoint
 
-    run("collect", str(PIXEL), "collect.num_episodes=16", "--out", str(tmp_path / "demos"), timeout=120)
-    run("sft", str(PIXEL), *FLOW, f"sft.data={tmp_path / 'demos'}", "sft.steps=20", "sft.eval_episodes=4",
+    run("sft", str(PIXEL), *HEADS[head], f"sft.data={demos}", "sft.steps=20", "sft.eval_episodes=4",
         "learner.zero_stage=0", f"logging.output_dir={tmp_path}", "logging.experiment_name=sft",
         "logging.progress=false", timeout=300)
     sft_policy = tmp_path / "sft" / "sft" / "policy"
     history = json.loads((tmp_path / "sft" / "sft" / "summary.json").read_text())["history"]
     assert history[-1]["val_loss"] is not None and history[-1]["val_token_accuracy"] is None
 
-    out = run("train", str(PIXEL), *FLOW, f"policy.pretrained_path={sft_policy}", "launch.num_learner_ranks=2",
+    out = run("train", str(PIXEL), *HEADS[head], f"policy.pretrained_path={sft_policy}", "launch.num_learner_ranks=2",
               "launch.num_local_actors=2", "learner.max_steps=2", "learner.batch_trajectories=8", "actor.num_envs=4",
               "actor.rollout_length=4", "algorithm.update_epochs=1", "algorithm.num_minibatches=1",
               "learner.micro_batch_size=16", "learner.zero_stage=3", "eval.eval_interval=0",
@@ -46,7 +55,7 @@ def test_flow_head_sft_then_async_rl_on_zero3_then_export_and_eval(tmp_path):
     export_policy(tmp_path / "rl", tmp_path / "exported")
     exported = VLAPolicy.from_pretrained(str(tmp_path / "exported"))
     trained, _, _ = load_checkpoint(tmp_path / "rl")
-    assert exported.cfg.action_head == "flow"
+    assert exported.cfg.action_head == head
     rng = np.random.default_rng(0)
     size = exported.cfg.image_size
     image = rng.integers(0, 255, (4, size, size, 3), dtype=np.uint8)
