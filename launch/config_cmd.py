@@ -33,7 +33,7 @@ def run(args) -> int:
     except ConfigError as e:
         print(f"asyncvla: config error: {e}", file=sys.stderr)
         return 2
-    from asyncvla.common import preflight
+    from asyncvla.launch import preflight
     found = preflight.problems(config, ports=False)
     for line in found:
         print(f"asyncvla: config error: {line}", file=sys.stderr)

@@ -56,7 +56,8 @@ def run(args) -> int:
     except ConfigError as e:
         print(f"asyncvla pipeline: config error: {e}", file=sys.stderr)
         return 2
-    from asyncvla.common import preflight, trackers
+    from asyncvla.common import trackers
+    from asyncvla.launch import preflight
     found = trackers.problems(cfg) + preflight.env_problems(cfg)   # (before minutes of demos and SFT)
     for line in found:
         print(f"asyncvla pipeline: cannot start: {line}", file=sys.stderr)

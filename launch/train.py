@@ -3,7 +3,7 @@
 Wiring only: it resolves the config once, starts
     deepspeed [--hostfile H | --num_gpus R] --master_port P --module asyncvla.learner.main RESOLVED.yaml
 and `launch.num_local_actors` actor processes that join the learner over ZeroMQ (plus, with
-`eval.eval_interval`, an evaluator process: actors/evaluator.py), restarts an
+`eval.eval_interval`, an evaluator process: launch/evaluator.py), restarts an
 actor that crashes (up to launch.max_actor_restarts), and when the learner ends stops every child.
 With launch.placement (common/placement.py) the learner ranks and the actors run on the cores it
 names: each rank pins itself to its slice, each actor to the cores given in $ASYNCVLA_CORES.
@@ -50,12 +50,13 @@ import sys
 import time
 from pathlib import Path
 
-from asyncvla.common import placement, preflight
+from asyncvla.common import placement
 from asyncvla.common.auth import JOIN_SECRET_ENV, ensure_join_secret
 from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides, to_yaml
 from asyncvla.common.control import EVALUATOR_PREFIX
 from asyncvla.common.rundir import clear_end, read_actors, read_end, run_dir as run_dir_of_config
 from asyncvla.common.signals import LAUNCHER_PID_ENV, catches, descendants, die_with_parent, python_module
+from asyncvla.launch import preflight
 from asyncvla.launch.fleet import HostfileError
 
 EVALUATOR_RESTARTS = 1       # an evaluator that dies is restarted this often, then evaluation stops
@@ -412,7 +413,7 @@ def actor_command(control_endpoint: str, index: int, keys_dir: str | None = None
 
 
 def evaluator_command(control_endpoint: str, run_dir: Path, keys_dir: str | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "asyncvla.actors.evaluator", "--learner", control_endpoint,
+    cmd = [sys.executable, "-m", "asyncvla.launch.evaluator", "--learner", control_endpoint,
            "--run-dir", str(run_dir)]
     return cmd + (["--keys-dir", keys_dir] if keys_dir else [])
 

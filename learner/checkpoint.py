@@ -30,7 +30,7 @@ or EMA weights hold NaN or inf (naming the file, and the newest earlier complete
 one whose recorded config sets a FIXED_ON_RESUME key (the policy's shape and action interface)
 otherwise than the resumed run's. Finding a checkpoint and reading its recorded config need no
 torch (`recorded_config`), so `asyncvla train` checks a resume before any rank starts
-(common/preflight.py); torch is imported where tensors are read.
+(launch/preflight.py); torch is imported where tensors are read.
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ from tests.support.wire import header_of
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "configs" / "pixel_task.yaml")
 LEARNER_MODULE = "asyncvla.learner.main"
-EVALUATOR_MODULE = "asyncvla.actors.evaluator"
+EVALUATOR_MODULE = "asyncvla.launch.evaluator"
 BATCH = 4                    # learner.batch_trajectories: one segment of 4 envs per update and rank
 SAVE_INTERVAL = 5
 STOP_GRACE_S = 60.0

@@ -182,7 +182,7 @@ def test_eval_of_a_checkpoint_with_ema_weights(trained_run, tmp_path):
 
 
 def test_an_evaluator_that_joins_after_the_learner_finished_evaluates_its_final_checkpoint(trained_run, tmp_path):
-    """actors/evaluator.py: no learner answers, and the end record says the run finished by its
+    """launch/evaluator.py: no learner answers, and the end record says the run finished by its
     budget at the checkpoint: the evaluator evaluates that checkpoint's published (EMA) weights,
     as `asyncvla eval --weights ema` does, at its step; after a stop it evaluates nothing."""
     from asyncvla.common.rundir import write_end
@@ -194,7 +194,7 @@ def test_an_evaluator_that_joins_after_the_learner_finished_evaluates_its_final_
         d.mkdir()
     write_end(finished, "budget", W.POLICY_UPDATES, tag, W.POLICY_UPDATES)
     write_end(stopped, "stopped", W.POLICY_UPDATES, tag, W.POLICY_UPDATES)
-    procs = {d: subprocess.Popen([sys.executable, "-m", "asyncvla.actors.evaluator", "--run-dir", str(d),
+    procs = {d: subprocess.Popen([sys.executable, "-m", "asyncvla.launch.evaluator", "--run-dir", str(d),
                                   "--learner", f"tcp://127.0.0.1:{port}"],      # nothing listens there
                                  cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for d, port in zip((finished, stopped), free_ports(2))}

@@ -149,7 +149,7 @@ def test_qwen_positions_are_get_rope_index_s(dirs):
 def test_a_directory_of_another_architecture_is_refused_in_one_line(tmp_path):
     from transformers import BertConfig, BertModel
 
-    from asyncvla.common.preflight import problems
+    from asyncvla.launch.preflight import problems
     path = tmp_path / "bert"
     BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
                          vocab_size=99)).save_pretrained(path)
@@ -211,7 +211,7 @@ def test_released_checkpoints_built_on_meta_have_their_published_sizes(name):
 def test_each_family_s_gpu_config_takes_a_checkpoint_of_the_family(dirs, config, family):
     """The GPU configs (bf16, LoRA r32 on the family's targets, ZeRO-3) accept a directory of their
     family; without one they say which key to set."""
-    from asyncvla.common.preflight import problems
+    from asyncvla.launch.preflight import problems
     cfg = load_config(str(REPO / "configs" / config), [f"policy.pretrained_path={dirs[family]}"])
     assert problems(cfg, ports=False) == []
     assert cfg.policy.is_lora and cfg.policy.lora_rank == 32 and cfg.learner.zero_stage == 3

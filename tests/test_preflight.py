@@ -1,4 +1,4 @@
-"""Checks before any rank starts (common/preflight.py): a bad pretrained directory, CURVE keys or a
+"""Checks before any rank starts (launch/preflight.py): a bad pretrained directory, CURVE keys or a
 port another process holds stop `asyncvla train` in about a second with one line naming the key,
 instead of a rank's traceback after DeepSpeed's start-up; `asyncvla config` refuses the same paths."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncvla.common import preflight
+from asyncvla.launch import preflight
 from asyncvla.common.config import load_config
 from tests.support.ports import run_port_overrides
 
@@ -53,14 +53,18 @@ def recorded_run(tmp_path, cfg) -> Path:
     return tmp_path / "run"
 
 
-def test_a_resume_that_changes_the_policy_shape_is_refused_naming_both_values(tmp_path):
-    run = recorded_run(tmp_path, load_config(CONFIG))
-    width = load_config(CONFIG).policy.backbone.text_hidden_size
-    found = preflight.problems(load_config(CONFIG, [f"checkpoint.resume={run}",
-                                                    f"policy.backbone.text_hidden_size={width * 2}"]), ports=False)
+def test_a_resume_that_changes_the_flow_experts_shape_is_refused_naming_both_values(tmp_path):
+    """policy.flow.* shape keys are structural like the backbone's (declared once on the config
+    fields): a flow run resumed with another expert width is refused before any rank starts."""
+    flow = ["policy.action_head=flow"]
+    run = recorded_run(tmp_path, load_config(CONFIG, flow))
+    width = load_config(CONFIG, flow).policy.flow.width
+    found = preflight.problems(load_config(CONFIG, [*flow, f"checkpoint.resume={run}",
+                                                    f"policy.flow.width={width * 2}"]), ports=False)
     assert len(found) == 1 and found[0].startswith(f"checkpoint.resume='{run}': checkpoint '{run}/checkpoints/"), found
-    assert f"policy.backbone.text_hidden_size={width} (this config: {width * 2})" in found[0], found
-    assert preflight.problems(load_config(CONFIG, [f"checkpoint.resume={run}", "learner.lr=0.5"]), ports=False) == []
+    assert f"policy.flow.width={width} (this config: {width * 2})" in found[0], found
+    free = [*flow, f"checkpoint.resume={run}", "learner.lr=0.5", "policy.flow.noise_level=0.3"]
+    assert preflight.problems(load_config(CONFIG, free), ports=False) == []        # not structural
     found = preflight.problems(load_config(CONFIG, [f"checkpoint.resume={tmp_path / 'nope'}"]), ports=False)
     assert len(found) == 1 and "checkpoint.resume=" in found[0] and "does not exist" in found[0], found
 
@@ -72,7 +76,7 @@ def test_train_refuses_another_policy_shape_on_resume_before_any_rank_starts(tmp
     assert r.returncode == 2 and len(err) == 1 and err[0].startswith("asyncvla: cannot start: checkpoint.resume="), err
     assert f"policy.n_bins={load_config(CONFIG).policy.n_bins} (this config: 16)" in err[0], err
     assert not (run / "policy_init").exists() and not (run / "launch_config.yaml").exists()   # nothing started
-    check = "import sys; from asyncvla.common import preflight; from asyncvla.common.config import load_config; " \
+    check = "import sys; from asyncvla.launch import preflight; from asyncvla.common.config import load_config; " \
             f"preflight.problems(load_config({CONFIG!r}, ['checkpoint.resume={run}']), ports=False); " \
             "print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", check], capture_output=True, text=True).stdout.strip() == "False"

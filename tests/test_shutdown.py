@@ -128,7 +128,7 @@ def test_a_killed_launcher_leaves_no_process_behind(tmp_path):
         procs = tree(train.pid)
         modules = [m for _, m in procs.values()]
         for module in ("deepspeed.launcher.runner", "deepspeed.launcher.launch", "asyncvla.learner.main",
-                       "asyncvla.launch.cli", "asyncvla.actors.evaluator"):
+                       "asyncvla.launch.cli", "asyncvla.launch.evaluator"):
             assert module in modules, (module, procs)
         runner = next(p for p, (_, m) in procs.items() if m == "deepspeed.launcher.runner")
         assert learner_ranks(runner) == [p for p, (_, m) in procs.items() if m == "asyncvla.learner.main"]
@@ -179,7 +179,7 @@ def test_a_stopped_actor_is_restarted_a_killed_evaluator_too_and_a_starving_lear
         wait_for(trained(run, 1), 240, "an update", [train])
         procs = tree(train.pid)
         actor = next(p for p, (_, m) in procs.items() if m == "asyncvla.launch.cli")
-        evaluator = next(p for p, (_, m) in procs.items() if m == "asyncvla.actors.evaluator")
+        evaluator = next(p for p, (_, m) in procs.items() if m == "asyncvla.launch.evaluator")
         os.kill(actor, signal.SIGTERM)
         wait_for(lambda: "actor 0 exited with 143 (SIGTERM); restart 1/5" in log.read_text(), 120,
                  "the actor's restart", [train])

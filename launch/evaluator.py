@@ -1,6 +1,6 @@
 """Periodic evaluation beside training: an actor-side process that follows the published weights.
 
-    python -m asyncvla.actors.evaluator --learner tcp://HOST:PORT --run-dir RUN   (started by `asyncvla train`)
+    python -m asyncvla.launch.evaluator --learner tcp://HOST:PORT --run-dir RUN   (started by `asyncvla train`)
 
 It joins the learner as an actor does (actors/join.py: config, policy and weights from the
 welcome) but sends no trajectories. It evaluates the published (EMA) policy whenever the
@@ -42,7 +42,7 @@ LAST_WEIGHTS_WAIT_S = BYE_HOLD_MAX_S + 5.0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="asyncvla.actors.evaluator", description=__doc__,
+    p = argparse.ArgumentParser(prog="asyncvla.launch.evaluator", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--learner", required=True, metavar="tcp://HOST:PORT", help="the learner's control endpoint")
     p.add_argument("--run-dir", required=True, help="where eval/ and tb/ go (the run directory)")
