@@ -43,7 +43,7 @@ def test_interpolation_and_loss_match_a_naive_loop():
 
 
 def naive_sde_step(x, v, t, t_next, noise_level, t_cap):
-    sigma = noise_level * math.sqrt(min(t, t_cap) / (1 - min(t, t_cap)))
+    sigma = noise_level * math.sqrt(t / (1 - min(t, t_cap)))      # t = 1 keeps its numerator
     d = t - t_next
     x0, x1 = x - t * v, x + (1 - t) * v
     return x0 * (1 - t + d) + x1 * (t - d - sigma ** 2 * d / (2 * t)), sigma * math.sqrt(d)
@@ -53,7 +53,7 @@ def naive_sde_step(x, v, t, t_next, noise_level, t_cap):
 def test_flow_sde_step_matches_a_naive_loop_and_is_euler_at_noise_level_0(num_steps):
     g = torch.Generator().manual_seed(num_steps)
     grid = F.time_grid(num_steps)
-    t_cap = grid[1].item() if num_steps > 1 else 0.5
+    t_cap = grid[1].item()
     for i in range(num_steps):
         t, t_next = grid[i].item(), grid[i + 1].item()
         x, v = torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)
@@ -63,6 +63,8 @@ def test_flow_sde_step_matches_a_naive_loop_and_is_euler_at_noise_level_0(num_st
                 m, s = naive_sde_step(x[j, k].item(), v[j, k].item(), t, t_next, 0.5, t_cap)
                 assert mean[j, k].item() == pytest.approx(m, abs=1e-5)
                 assert std[j, k].item() == pytest.approx(s, abs=1e-6)
+        if i == 0:           # Flow-GRPO's anchor: sigma_1 = a sqrt(1 / (1 - t_1)) = a sqrt(N) on this grid
+            assert F.sde_sigma(t, 0.5, t_cap).item() == pytest.approx(0.5 * math.sqrt(num_steps), rel=1e-6)
         mean0, std0 = F.sde_step(x, v, t, t_next, 0.0, t_cap)
         torch.testing.assert_close(mean0, F.ode_step(x, v, t, t_next), atol=1e-6, rtol=0)
         assert torch.all(std0 == 0)

@@ -58,10 +58,12 @@ def ode_step(x: torch.Tensor, velocity: torch.Tensor, t, t_next) -> torch.Tensor
 
 
 def sde_sigma(t, noise_level: float, t_cap: float) -> torch.Tensor:
-    """sigma_t = noise_level * sqrt(t / (1 - t)), with t capped at t_cap < 1: the first step starts
-    at t = 1, where the formula is infinite (Flow-GRPO takes the grid's next time there too)."""
-    t = torch.as_tensor(t, dtype=torch.float32).clamp(max=t_cap)
-    return noise_level * torch.sqrt(t / (1.0 - t))
+    """sigma_t = noise_level * sqrt(t / (1 - t)). The first step starts at t = 1, where 1 - t is 0:
+    there the denominator takes t_cap (the grid's next time) and the numerator keeps t = 1, as
+    Flow-GRPO and RLinf anchor it (capping t in both would make that step's sigma sqrt(t_cap) times
+    smaller: 29 % at N = 2)."""
+    t = torch.as_tensor(t, dtype=torch.float32)
+    return noise_level * torch.sqrt(t / (1.0 - t.clamp(max=t_cap)))
 
 
 def sde_step(x: torch.Tensor, velocity: torch.Tensor, t, t_next, noise_level: float,

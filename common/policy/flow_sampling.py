@@ -46,8 +46,9 @@ class FlowSampling:
 
     @property
     def t_cap(self) -> float:
-        """Flow-SDE's sigma is infinite at t = 1: the first step takes the grid's next time."""
-        return 1.0 - 1.0 / self.num_steps if self.num_steps > 1 else 0.5
+        """Flow-SDE's sigma is infinite at t = 1: the first step's denominator takes the grid's
+        next time (0 with a single step, whose sigma is then noise_level)."""
+        return 1.0 - 1.0 / self.num_steps
 
 
 class FlowChain(NamedTuple):
