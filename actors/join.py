@@ -37,11 +37,14 @@ class Joined:
 
 
 def join(learner: str, actor_id: str, tcfg, stop, num_envs: int | None = None,
-         device: str | None = None, timeout: float | None = None, join_secret: str | None = None) -> Joined | None:
+         device: str | None = None, timeout: float | None = None, join_secret: str | None = None,
+         defer_bye: bool = False) -> Joined | None:
     """Join the learner at `learner` (its control endpoint), with the run's `join_secret` where it
-    has no CURVE keys; None if `stop` or the end of training came first. Without a welcome within
+    has no CURVE keys; None if `stop` or the end of training came first (`defer_bye`: see
+    LearnerClient). Without a welcome within
     `timeout` seconds (None: keep trying), raises TransportError saying what to check."""
-    client = transport.LearnerClient(learner, actor_id, tcfg, num_envs=num_envs or 0, join_secret=join_secret)
+    client = transport.LearnerClient(learner, actor_id, tcfg, num_envs=num_envs or 0, join_secret=join_secret,
+                                     defer_bye=defer_bye)
     try:
         welcome = client.join(timeout=timeout, stop=stop)
         if welcome is None:

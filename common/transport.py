@@ -4,7 +4,7 @@
                                                  (acked, bounded, backpressure)
     weights       common/weight_channel.py      rank 0 WeightServer <- actor WeightSubscriber
                                                  ("newer than v?" long polls)
-    control       common/control.py             rank 0 ControlServer <- actor LearnerClient
+    control       common/control/               rank 0 ControlServer <- actor LearnerClient
                                                  (hello/welcome, heartbeats, bye)
 
 Messages are those of common/protocol.py (msgpack header + raw frames, zero-copy both ways);

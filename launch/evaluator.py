@@ -58,13 +58,10 @@ def run(learner: str, run_dir: Path, tcfg) -> int:
     stop = stop_on_signals()
     torch.set_num_threads(1)
     joined = join(learner, f"{EVALUATOR_PREFIX}{socket.gethostname()}-{os.getpid()}", tcfg,
-                  _StopOrEnded(stop, run_dir), join_secret=join_secret_from_env())
+                  _StopOrEnded(stop, run_dir), join_secret=join_secret_from_env(), defer_bye=True)
     if joined is None:
         return stop.exit_code() if stop.is_set() else evaluate_final_checkpoint(run_dir, stop)
     cfg, policy, weights = joined.cfg, joined.policy, joined.weights
-    # At the end of training: bye (which lets the learner close its weight server) only once the
-    # last version is here.
-    joined.client.bye_when = lambda last: weights.version >= last
     interval, last_step = cfg.eval.eval_interval, cfg.learner.max_steps
     writer = open_trackers(cfg, run_dir, "evaluator")
     next_step, version, latest = interval, -1, None     # latest: (step, tensors) not yet evaluated
@@ -78,6 +75,7 @@ def run(learner: str, run_dir: Path, tcfg) -> int:
             finished = joined.client.finished
             if finished and not waited_for_last:
                 version, latest = _wait_for_last_version(weights, joined.client.final_version, version, latest, stop)
+                joined.client.say_bye()   # (only now may the learner close its weight server)
                 waited_for_last = True
             if latest is not None and (latest[0] >= min(next_step, last_step) or finished):
                 step, tensors = latest

@@ -129,15 +129,15 @@ def test_every_actor_gets_the_shutdown_notice():
 def test_an_evaluator_gets_the_last_weights_however_late_it_asks_for_them():
     """The learner ends as `learner/main.py` does: publish the last version, "shutdown", close the
     weight server. An evaluator whose subscriber starts only after the notice (a slow start-up)
-    still gets that version: its bye waits for it, and the learner waits for a client that
+    still gets that version: its bye waits for it (defer_bye, then say_bye() as the evaluator
+    does once its weights hold the last version), and the learner waits for a client that
     heartbeats, well past the 2 s it gives one that is silent."""
     cfg = tcfg(heartbeat_timeout_s=30.0)
     control = transport.ControlServer(cfg, welcome_fn_for(["tcp://127.0.0.1:2"]), endpoint="tcp://127.0.0.1:*")
     weights = transport.WeightServer(cfg, endpoint="tcp://127.0.0.1:*", auth_key=control._key)
-    evaluator = transport.LearnerClient(control.endpoint, "evaluator-0", cfg)
+    evaluator = transport.LearnerClient(control.endpoint, "evaluator-0", cfg, defer_bye=True)
     actor = transport.LearnerClient(control.endpoint, "local-0", cfg)
-    late, sub = threading.Event(), []
-    evaluator.bye_when = lambda last: late.is_set() and sub[0].version >= last
+    sub = []
     closing = threading.Thread(target=control.close, kwargs={"final_version": 3})
     try:
         assert evaluator.join(timeout=10) is not None and actor.join(timeout=10) is not None
@@ -150,7 +150,8 @@ def test_an_evaluator_gets_the_last_weights_however_late_it_asks_for_them():
         assert closing.is_alive()                     # still waiting for the heartbeating evaluator
         sub.append(transport.WeightSubscriber(weights.endpoint, cfg, actor_id="evaluator-0",
                                               token=lambda: evaluator.token, wait_s=0.2))
-        late.set()
+        assert wait_until(lambda: sub[0].version >= evaluator.final_version)
+        evaluator.say_bye()
         closing.join(timeout=60)
         assert not closing.is_alive()
         weights.close()                               # what the learner does next
@@ -160,7 +161,6 @@ def test_an_evaluator_gets_the_last_weights_however_late_it_asks_for_them():
         assert control.counts() == {"alive": 0, "joined_total": 2, "left_total": 2, "timed_out_total": 0,
                                     "replaced_total": 0}
     finally:
-        late.set()
         for c in (evaluator, actor, *sub):
             c.close()
         if closing.is_alive():
