@@ -21,6 +21,7 @@ import zlib
 import torch
 
 from asyncvla.actors import rollout
+from asyncvla.actors.outbox import make_outbox
 from asyncvla.actors.envs import make_env
 from asyncvla.actors.envs.latency import SimLatency
 from asyncvla.actors.join import join
@@ -56,9 +57,10 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
     if actor_index is None:   # a standalone actor: seed apart from the others by its id
         actor_index = zlib.crc32(actor_id.encode()) % 100_000
     seed = cfg.env.seed + 1000 * actor_index
+    outbox = make_outbox(cfg)           # GRPO: segments wait for their groups' returns (actors/outbox.py)
     env = make_env(cfg.env, cfg.actor.num_envs, cfg.policy.image_size, cfg.policy.num_action_chunks,
-                   cfg.algorithm.reward_type, seed=seed,
-                   action_dim=cfg.policy.action_dim)
+                   cfg.algorithm.reward_type, seed=seed, action_dim=cfg.policy.action_dim,
+                   group_size=cfg.algorithm.group_size if outbox.needs_slots else 1)
     if cfg.env.sim_latency_ms > 0:
         env = SimLatency(env, cfg.env.sim_latency_ms)
     generator = torch.Generator(device=cfg.actor.device).manual_seed(cfg.actor.seed + seed)
@@ -105,22 +107,27 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
                 continue
             try:
                 arrays, info = rollout.collect_segment(env, policy, tokenize, state, cfg.actor.rollout_length,
-                                                       cfg.policy.temperature, generator)
+                                                       cfg.policy.temperature, generator, slots=outbox.needs_slots)
             except Exception as e:                  # (a stop can end the env workers under it)
                 if not stop.is_set():
                     raise
                 log.info("actor %s: stopped during a segment (%s)", actor_id, str(e).splitlines()[0])
                 break
-            meta = {"actor_id": actor_id, "seq": seq, "incarnation": incarnation, "policy_version": version,
+            meta = {"actor_id": actor_id, "incarnation": incarnation, "policy_version": version,
                     "num_steps": cfg.actor.rollout_length, "num_envs": env.num_envs,
-                    "env_steps": info["env_steps"], "act_s": info["act_s"], "env_s": info["env_s"],
-                    "token": client.token}          # the newest welcome's: a rejoin renews it
-            if not sender.send(transport.Segment(meta=meta, arrays=arrays), stop=stop):
+                    "env_steps": info["env_steps"], "act_s": info["act_s"], "env_s": info["env_s"]}
+            sent_all = True
+            for meta, arrays in outbox.add(meta, arrays, info):
+                meta.update(seq=seq, token=client.token)    # the newest welcome's token: a rejoin renews it
+                sent_all = sender.send(transport.Segment(meta=meta, arrays=arrays), stop=stop)
+                if not sent_all:
+                    break
+                if seq == 0:
+                    log.info("actor %s: first segment sent (policy version %d)", actor_id, meta["policy_version"])
+                seq += 1
+                sent_at_version += 1
+            if not sent_all:
                 break
-            if seq == 0:
-                log.info("actor %s: first segment sent (policy version %d)", actor_id, version)
-            seq += 1
-            sent_at_version += 1
     finally:
         env.close()
         sender.close()

@@ -41,10 +41,13 @@ def start(env) -> RolloutState:
 
 
 def collect_segment(env, policy, tokenize: InstructionCache, state: RolloutState, T: int,
-                    temperature: float, generator=None) -> tuple[dict, dict]:
+                    temperature: float, generator=None, slots: bool = False) -> tuple[dict, dict]:
     """Run T policy steps; return (arrays named and typed as the segment schema and the policy
-    head's replay fields, info). `state` is advanced in place."""
-    obs_seq, episodes = [], []
+    head's replay fields, info). `state` is advanced in place. With `slots` (groups of episodes:
+    actors/outbox.py) info also holds each step's episode slot ("slots" int64 [T, B]), the
+    return of each episode that ended ("ended": {slot: return}) and the slots still running
+    ("running" [B])."""
+    obs_seq, episodes, step_slots, ended = [], [], [], {}
     fields = {**SEGMENT_FIELDS, **policy.head.replay_fields()}
     steps = {k: [] for k in ("behavior_logp", "rewards", "terminated", "truncated", *policy.head.replay_fields())}
     finals = {"index": [], "rows": []}
@@ -56,6 +59,8 @@ def collect_segment(env, policy, tokenize: InstructionCache, state: RolloutState
         out = policy.act(obs["image"], obs["instruction"], obs["instruction_mask"], obs.get("state"),
                          temperature=temperature, generator=generator)
         t1 = time.perf_counter()
+        if slots:
+            step_slots.append(env.episode_slots)
         step = env.step_chunk(np.asarray(out.actions))
         env_s += time.perf_counter() - t1
         act_s += t1 - t0
@@ -64,6 +69,8 @@ def collect_segment(env, policy, tokenize: InstructionCache, state: RolloutState
             steps[k].append(np.asarray(v))
         _keep_truncation_finals(finals, t, step, obs)
         episodes += step.episodes
+        if slots:
+            ended.update({int(step_slots[-1][e["env"]]): e["return"] for e in step.episodes})
         env_steps += int(step.env_steps)
         state.obs = step.obs
     obs_seq.append(_observation(state.obs, tokenize(list(env.instructions))))
@@ -80,6 +87,8 @@ def collect_segment(env, policy, tokenize: InstructionCache, state: RolloutState
     arrays = {k: v.astype(fields[k].dtype, copy=False) for k, v in arrays.items()}
     info = {"env_steps": env_steps, "act_s": act_s, "env_s": env_s, "num_envs": env.num_envs,
             "episodes": len(episodes)}
+    if slots:
+        info.update(slots=np.stack(step_slots), ended=ended, running=env.episode_slots)
     return arrays, info
 
 

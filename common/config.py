@@ -259,6 +259,12 @@ class LearnerConfig:
 # --------------------------------------------------------------------------------- algorithm
 @dataclass
 class AlgorithmConfig:
+    adv_type: str = opt("vtrace", "how a step's advantage is estimated: vtrace (the critic's V-trace "
+                        "targets, PPO with a value loss) or grpo (critic-free, group-relative: "
+                        "algorithm.group_size episodes start from one initial state and each episode's "
+                        "return is compared with its group's; common/groups.py)", choices=["vtrace", "grpo"])
+    group_size: int = opt(8, "grpo: episodes per group, started from one initial state (an actor's envs "
+                          "take a group's episodes in turn)", ge=2)
     gamma: float = opt(0.99, "discount per policy step (per chunk with reward_type chunk_level)",
                        ge=0.0, le=1.0)
     vtrace_lambda: float = opt(1.0, "V-trace lambda (trace cutting, like GAE's lambda)", ge=0.0, le=1.0)
@@ -526,6 +532,7 @@ def validate(config: Config, on_this_machine: bool = True) -> None:
     problems += _check_flow(config.policy.flow)
     problems += _check_gaussian(config.policy.gaussian)
     problems += _check_value_augment(config)
+    problems += _check_grpo(config)
     problems += _check_camera(config.env)
     if on_this_machine:
         problems += _check_placement(config.launch)
@@ -582,6 +589,19 @@ def _check_value_augment(config: "Config") -> list[str]:
     if shift and encoder != "cnn":
         return [f"algorithm.value_augment_shift={shift} shifts the image of a critic that reads it; "
                 f"policy.value_encoder={encoder!r} does not: set policy.value_encoder=cnn or the shift to 0"]
+    return []
+
+
+def _check_grpo(config: "Config") -> list[str]:
+    """GRPO's groups start their episodes from one initial state, each group its own."""
+    if config.algorithm.adv_type != "grpo":
+        return []
+    if config.env.use_fixed_reset_state_ids:
+        return ["algorithm.adv_type=grpo draws one initial state per group of episodes; "
+                "env.use_fixed_reset_state_ids=true would repeat the same ones: set it to false"]
+    if config.env.sim_backend == "physx_cuda":
+        return ["algorithm.adv_type=grpo needs each group's episodes to start from one initial state, which "
+                "the batched GPU simulator's partial resets cannot restore: set env.sim_backend=physx_cpu"]
     return []
 
 

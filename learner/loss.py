@@ -151,12 +151,14 @@ def _mean_or_nan(x: torch.Tensor) -> float:
 
 
 def ppo_loss_from_config(alg, **tensors) -> tuple[torch.Tensor, dict]:
-    """`ppo_loss` with the coefficients of an AlgorithmConfig (`cfg.algorithm`)."""
+    """`ppo_loss` with the coefficients of an AlgorithmConfig (`cfg.algorithm`). GRPO's advantages
+    come normalised within their groups and it has no critic: no value loss, no renormalisation."""
+    grpo = alg.adv_type == "grpo"
     return ppo_loss(**tensors, rho_bar=alg.rho_bar, ratio_clip_eps=alg.ratio_clip_eps,
                     clip_ratio_c=alg.clip_ratio_c, entropy_bonus=alg.entropy_bonus,
-                    value_loss_coef=alg.value_loss_coef, value_loss_type=alg.value_loss_type,
+                    value_loss_coef=0.0 if grpo else alg.value_loss_coef, value_loss_type=alg.value_loss_type,
                     huber_delta=alg.huber_delta, value_clip=alg.value_clip,
-                    normalize_advantages=alg.normalize_advantages, advantage_scale=alg.advantage_scale,
+                    normalize_advantages=alg.normalize_advantages and not grpo, advantage_scale=alg.advantage_scale,
                     policy_loss_type=alg.policy_loss, behave_weight_threshold=alg.behave_weight_threshold)
 
 

@@ -143,7 +143,9 @@ def outputs_finite(engine, batch: Batch, cfg: Config, device) -> bool:
 # ------------------------------------------------------------------------------------ targets
 @torch.no_grad()
 def compute_targets(engine, batch: Batch, cfg: Config, device, value_norm: ValueNorm | None = None) -> dict:
-    """V-trace targets, advantages and the behaviour/proximal log-probs of `batch`. With
+    """V-trace targets, advantages and the behaviour/proximal log-probs of `batch` (with
+    algorithm.adv_type grpo the advantages and the steps that train are the ones the actors sent,
+    and the critic's targets are only reported). With
     `value_norm` the head's outputs are denormalised for V-trace, the statistics are updated with
     the targets, and the value targets and old values come back normalised by the new ones
     (the advantages stay in reward units: the loss normalises them itself)."""
@@ -205,9 +207,13 @@ def compute_targets(engine, batch: Batch, cfg: Config, device, value_norm: Value
         value_norm.update(vs[:, finite])
         old_values, vs = value_norm.normalize(old_values), value_norm.normalize(vs)
         stats.update({"train/critic/value_norm_mean": value_norm.mean, "train/critic/value_norm_std": value_norm.std})
+    advantages, mask = vt.pg_advantages, torch.ones(T, N, device=device)
+    if cfg.algorithm.adv_type == "grpo":    # the actors' group-relative advantages (common/groups.py)
+        advantages = torch.from_numpy(a["advantage"]).to(device).float()
+        mask = torch.from_numpy(a["advantage_mask"]).to(device).float()
+        stats["rollout/group_steps_kept"] = float(mask.mean())
     return {"behavior_logp": behavior, "prox_logp": target_logp, "old_values": old_values, "vs": vs,
-            "advantages": vt.pg_advantages, "rhos": vt.rhos, "stats": stats, "finite_columns": finite,
-            "mask": torch.ones(T, N, device=device)}
+            "advantages": advantages, "rhos": vt.rhos, "stats": stats, "finite_columns": finite, "mask": mask}
 
 
 def finite_columns(*per_step: torch.Tensor) -> torch.Tensor:

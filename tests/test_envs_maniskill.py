@@ -275,3 +275,28 @@ def test_camera_keys_reach_maniskill_and_a_camera_it_lacks_is_named():
     with pytest.raises(ValueError) as e:
         maniskill_env("PushCube-v1", camera="hand_camera", render_size=SIZE)
     assert str(e.value) == "env.camera='hand_camera' is not a camera of PushCube-v1; its cameras: ['base_camera']"
+
+
+def test_a_groups_episodes_start_from_one_initial_state_whichever_env_runs_them():
+    """GRPO (algorithm.group_size 3 on 2 envs in workers): slots 0-2 are group 0, run by env 0,
+    env 1, then env 0 again a chunk later; their first observations are equal, and group 1's
+    differ from them."""
+    env = make_env(EnvConfig(id="PushCube-v1", max_episode_steps=4, use_proprio=True), 2, SIZE, K, "chunk_level",
+                   seed=4, action_dim=7, group_size=3)
+    try:
+        first = {}
+        obs = env.reset()
+        for b, slot in enumerate(env.episode_slots):
+            first[int(slot)] = {k: v[b] for k, v in obs.items()}
+        for step in range(3):              # each chunk ends every episode (4 steps): new slots start
+            out = env.step_chunk(actions(step, 2))
+            assert list(out.done_index) == [0, 1]
+            for b, slot in enumerate(env.episode_slots):
+                first[int(slot)] = {k: v[b] for k, v in out.obs.items()}
+        assert sorted(first) == list(range(8))
+        for slot in (1, 2):                # group 0: env 1's first episode, env 0's second
+            assert all(np.array_equal(first[slot][k], first[0][k]) for k in first[0]), slot
+        assert not np.array_equal(first[3]["state"], first[0]["state"])      # group 1: another start
+        assert all(np.array_equal(first[s][k], first[3][k]) for s in (4, 5) for k in first[3])
+    finally:
+        env.close()

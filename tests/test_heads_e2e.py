@@ -70,3 +70,25 @@ def test_sft_then_async_rl_on_zero3_then_export_and_eval(tmp_path, demos, head):
                  "--out", str(tmp_path / "eval.json"), timeout=120)
     summary = json.loads((tmp_path / "eval.json").read_text())
     assert summary["num_episodes"] == 4 and 0.0 <= summary["success_rate"] <= 1.0, report[-2000:]
+
+
+def test_grpo_sft_then_async_rl_on_zero3(tmp_path, demos):
+    """algorithm.adv_type=grpo end to end: the actors hold segments until their groups of 4
+    episodes have ended and send each step's group-relative advantage; 2 ZeRO-3 ranks train on
+    them (no critic), every segment valid."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run("sft", str(PIXEL), f"sft.data={demos}", "sft.steps=20", "sft.eval_episodes=4", "learner.zero_stage=0",
+        f"logging.output_dir={tmp_path}", "logging.experiment_name=sft", "logging.progress=false", timeout=300)
+    out = run("train", str(PIXEL), f"policy.pretrained_path={tmp_path / 'sft' / 'sft' / 'policy'}",
+              "algorithm.adv_type=grpo", "algorithm.group_size=4", "env.max_episode_steps=12",
+              "launch.num_learner_ranks=2", "launch.num_local_actors=2", "learner.max_steps=3",
+              "learner.batch_trajectories=8", "actor.num_envs=4", "actor.rollout_length=4",
+              "algorithm.num_minibatches=1", "learner.micro_batch_size=16", "learner.zero_stage=3",
+              "eval.eval_interval=0", f"logging.output_dir={tmp_path}", "logging.experiment_name=rl",
+              "logging.progress=false", *run_port_overrides(), timeout=400)
+    assert "finished at step 3" in out and "invalid 0" in out, out[-4000:]
+    acc = EventAccumulator(str(tmp_path / "rl" / "tb"))
+    acc.Reload()
+    kept = [e.value for e in acc.Scalars("rollout/group_steps_kept")]
+    assert len(kept) == 3 and all(0.0 <= k <= 1.0 for k in kept) and max(kept) > 0, kept

@@ -20,9 +20,11 @@ from asyncvla.actors.envs.pixel_task import PixelReachEnv
 
 
 def make_env(env_cfg, num_envs: int, image_size: int, num_action_chunks: int, reward_type: str,
-             seed: int, action_dim: Optional[int] = None) -> ChunkEnv:
+             seed: int, action_dim: Optional[int] = None, group_size: int = 1) -> ChunkEnv:
     """Build `num_envs` envs of `env_cfg.id`. `action_dim` (the policy's D) is checked against a
-    ManiSkill task's action space; PixelReach-v0 takes it as is (it reads the first 2 dims)."""
+    ManiSkill task's action space; PixelReach-v0 takes it as is (it reads the first 2 dims).
+    `group_size` > 1 (GRPO): every group_size consecutive episodes start from one initial state
+    (base.py ResetSeeds; `env.episode_slots` numbers them)."""
     if num_envs < 1:
         raise ValueError(f"num_envs={num_envs} must be >= 1")
     if env_cfg.id == PIXEL_REACH_ID:
@@ -32,10 +34,11 @@ def make_env(env_cfg, num_envs: int, image_size: int, num_action_chunks: int, re
                              ignore_terminations=env_cfg.ignore_terminations,
                              auto_reset=env_cfg.auto_reset,
                              fixed_reset_states=env_cfg.use_fixed_reset_state_ids,
-                             instruction=env_cfg.instruction, use_proprio=env_cfg.use_proprio)
+                             instruction=env_cfg.instruction, use_proprio=env_cfg.use_proprio,
+                             group_size=group_size)
     from asyncvla.actors.envs.maniskill import ManiSkillBatchedEnv, ManiSkillCPUEnv
     cls = ManiSkillBatchedEnv if env_cfg.sim_backend == "physx_cuda" else ManiSkillCPUEnv
-    return cls(env_cfg, num_envs, image_size, num_action_chunks, reward_type, seed, action_dim)
+    return cls(env_cfg, num_envs, image_size, num_action_chunks, reward_type, seed, action_dim, group_size)
 
 
 __all__ = ["make_env", "ChunkEnv", "ChunkStep", "PixelReachEnv", "PIXEL_REACH_ID"]

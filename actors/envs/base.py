@@ -168,17 +168,31 @@ def episode_seed(seed: int, env_index: int, episode: int) -> int:
     return int(np.random.SeedSequence([seed, env_index, episode]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
-class ResetSeeds:
-    """Which seed each env's next episode resets with.
+def group_seed(seed: int, group: int) -> int:
+    """Seed of every episode of group `group` (GRPO): one initial state for all of them."""
+    return int(np.random.SeedSequence([seed, group, 0, 1]).generate_state(1)[0] & 0x7FFFFFFF)
 
-    The k-th episode of env i always gets episode_seed(seed, i, k). With `fixed` (evaluation),
-    every explicit reset() starts over at k = 0, so each evaluation sees the same initial states;
-    otherwise k keeps counting and training sees fresh ones.
+
+class ResetSeeds:
+    """Which seed each env's next episode resets with, and the slot each episode takes.
+
+    Slots number an actor's episodes in the order their seeds are handed out. Without groups the
+    k-th episode of env i gets episode_seed(seed, i, k); with `fixed` (evaluation) every explicit
+    reset() starts over at k = 0, so each evaluation sees the same initial states; otherwise k
+    keeps counting and training sees fresh ones. With `group_size` G > 1 (GRPO) slots gG ..
+    gG + G - 1 form group g and all get group_seed(seed, g), whichever env runs them: an env
+    reserves its next slot when first asked for its next seed (`peek`), so that seeds handed out
+    before an episode ends are never handed out twice. `slot[i]`: the slot of env i's episode.
     """
 
-    def __init__(self, seed: int, num_envs: int, fixed: bool):
-        self.seed, self.fixed = int(seed), fixed
+    def __init__(self, seed: int, num_envs: int, fixed: bool, group_size: int = 1):
+        if group_size > 1 and fixed:
+            raise ValueError("fixed reset states and groups of episodes exclude each other")
+        self.seed, self.fixed, self.group_size = int(seed), fixed, int(group_size)
         self.count = np.zeros(num_envs, np.int64)
+        self.slot = np.full(num_envs, -1, np.int64)
+        self._reserved = np.full(num_envs, -1, np.int64)
+        self._next_slot = 0
 
     def restart(self, seed: Optional[int] = None) -> None:
         if seed is not None:
@@ -187,10 +201,18 @@ class ResetSeeds:
             self.count[:] = 0
 
     def peek(self, i: int) -> int:
-        return episode_seed(self.seed, i, int(self.count[i]))
+        if self.group_size == 1:
+            return episode_seed(self.seed, i, int(self.count[i]))
+        if self._reserved[i] < 0:
+            self._reserved[i], self._next_slot = self._next_slot, self._next_slot + 1
+        return group_seed(self.seed, int(self._reserved[i]) // self.group_size)
 
     def take(self, i: int) -> int:
         s = self.peek(i)
+        if self.group_size == 1:
+            self.slot[i], self._next_slot = self._next_slot, self._next_slot + 1
+        else:
+            self.slot[i], self._reserved[i] = self._reserved[i], -1
         self.count[i] += 1
         return s
 

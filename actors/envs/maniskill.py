@@ -241,11 +241,11 @@ class ManiSkillCPUEnv:
     """num_envs CPU ManiSkill envs (one runner each; worker processes when more than one)."""
 
     def __init__(self, cfg, num_envs: int, image_size: int, num_action_chunks: int, reward_type: str,
-                 seed: int, action_dim: Optional[int] = None):
+                 seed: int, action_dim: Optional[int] = None, group_size: int = 1):
         check_reward_type(reward_type)
         self.num_envs, self.num_action_chunks, self.reward_type = num_envs, num_action_chunks, reward_type
         self.instructions = [instruction_for(cfg.id, cfg.instruction)] * num_envs
-        self._seeds = ResetSeeds(seed, num_envs, cfg.use_fixed_reset_state_ids)
+        self._seeds = ResetSeeds(seed, num_envs, cfg.use_fixed_reset_state_ids, group_size)
         self._started = False
         spec = runner_spec(cfg, image_size)
         self._envs: list = []
@@ -266,6 +266,11 @@ class ManiSkillCPUEnv:
         except ValueError:
             self.close()
             raise
+
+    @property
+    def episode_slots(self) -> np.ndarray:
+        """int64 [B]: the slot of each env's current episode (base.py ResetSeeds)."""
+        return self._seeds.slot.copy()
 
     def reset(self, seed: Optional[int] = None) -> dict:
         """Start a new episode in every env (`seed` re-seeds as at construction)."""
@@ -344,8 +349,12 @@ class ManiSkillBatchedEnv:
     """
 
     def __init__(self, cfg, num_envs: int, image_size: int, num_action_chunks: int, reward_type: str,
-                 seed: int, action_dim: Optional[int] = None):
+                 seed: int, action_dim: Optional[int] = None, group_size: int = 1):
         check_reward_type(reward_type)
+        if group_size > 1:
+            raise ValueError("algorithm.adv_type=grpo needs each group's episodes to start from one initial "
+                             "state, which the batched simulator's partial resets cannot restore: use "
+                             "env.sim_backend=physx_cpu")
         self.spec = runner_spec(cfg, image_size)
         self.num_envs, self.num_action_chunks, self.reward_type = num_envs, num_action_chunks, reward_type
         self.instructions = [instruction_for(cfg.id, cfg.instruction)] * num_envs

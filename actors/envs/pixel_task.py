@@ -48,7 +48,7 @@ class PixelReachEnv:
                  seed: int = 0, *, action_dim: int = 2, max_episode_steps: Optional[int] = None,
                  reward_mode: str = "dense", ignore_terminations: bool = False, auto_reset: bool = True,
                  fixed_reset_states: bool = False, instruction: Optional[str] = None,
-                 use_proprio: bool = False):
+                 use_proprio: bool = False, group_size: int = 1):
         check_reward_type(reward_type)
         if action_dim < 2:
             raise ValueError(f"{ENV_ID} needs action_dim >= 2 (x and y velocity), got {action_dim}")
@@ -61,7 +61,7 @@ class PixelReachEnv:
         self.max_episode_steps = max_episode_steps or DEFAULT_MAX_EPISODE_STEPS
         self.ignore_terminations, self.auto_reset = ignore_terminations, auto_reset
         self._instruction = instruction
-        self._seeds = ResetSeeds(seed, num_envs, fixed_reset_states)
+        self._seeds = ResetSeeds(seed, num_envs, fixed_reset_states, group_size)
         B = num_envs
         self._agent = np.zeros((B, 2))
         self._target = np.zeros((B, 2))
@@ -77,6 +77,11 @@ class PixelReachEnv:
         if self._instruction is not None:
             return [self._instruction] * self.num_envs
         return [f"move the white dot to the {_COLOUR_NAMES[c]} square" for c in self._colour]
+
+    @property
+    def episode_slots(self) -> np.ndarray:
+        """int64 [B]: the slot of each env's current episode (base.py ResetSeeds)."""
+        return self._seeds.slot.copy()
 
     def reset(self, seed: Optional[int] = None) -> dict:
         """Start a new episode in every env (`seed` re-seeds as at construction)."""
