@@ -7,7 +7,7 @@
     control       common/control/               rank 0 ControlServer <- actor LearnerClient
                                                  (hello/welcome, heartbeats, bye)
 
-Messages are those of common/protocol.py (msgpack header + raw frames, zero-copy both ways);
+Messages are those of common/protocol/ (msgpack header + raw frames, zero-copy both ways);
 every received one is validated, and an invalid one, whatever it holds, is dropped, counted per
 reason in `.stats` and logged at a bounded rate. A server thread that dies all the same (a bug)
 keeps its exception: the server's `check()` raises ThreadDied naming it (the learner polls it).

@@ -172,7 +172,7 @@ def compute_targets(engine, batch: Batch, cfg: Config, device, value_norm: Value
         values.append(out.values.float())
     logp, values = torch.cat(logp), torch.cat(values)
     M = logp.shape[-1]
-    target_logp = logp[: T * N].reshape(T, N, M)
+    prox_logp = logp[: T * N].reshape(T, N, M)
     v_all = values[: (T + 1) * N].reshape(T + 1, N)
     final_values = values[(T + 1) * N:][: len(batch.final_index)]
     if value_norm is not None:
@@ -196,10 +196,10 @@ def compute_targets(engine, batch: Batch, cfg: Config, device, value_norm: Value
     # Without the off-policy correction every importance weight is 1: the targets are λ-returns
     # and the advantages GAE's, as if the stale data came from the current policy.
     corrected = cfg.algorithm.off_policy_correction == "vtrace"
-    vt = vtrace(behavior_logp=behavior, target_logp=target_logp if corrected else behavior, rewards=rewards,
+    vt = vtrace(behavior_logp=behavior, target_logp=prox_logp if corrected else behavior, rewards=rewards,
                 values=v_all[:-1], bootstrap_value=v_all[-1], discounts=discounts,
                 rho_bar=cfg.algorithm.rho_bar, c_bar=cfg.algorithm.c_bar, lam=cfg.algorithm.vtrace_lambda)
-    finite = finite_columns(target_logp, v_all, vt.vs, vt.pg_advantages)
+    finite = finite_columns(prox_logp, v_all, vt.vs, vt.pg_advantages)
     stats = {"rollout/reward_mean": float(rewards[:, finite].mean()) if finite.any() else 0.0,
              "rollout/value_mean": float(v_all[:, finite].mean()) if finite.any() else 0.0}
     old_values, vs = v_all[:-1], vt.vs
@@ -212,7 +212,7 @@ def compute_targets(engine, batch: Batch, cfg: Config, device, value_norm: Value
         advantages = torch.from_numpy(a["advantage"]).to(device).float()
         mask = torch.from_numpy(a["advantage_mask"]).to(device).float()
         stats["rollout/group_steps_kept"] = float(mask.mean())
-    return {"behavior_logp": behavior, "prox_logp": target_logp, "old_values": old_values, "vs": vs,
+    return {"behavior_logp": behavior, "prox_logp": prox_logp, "old_values": old_values, "vs": vs,
             "advantages": advantages, "rhos": vt.rhos, "stats": stats, "finite_columns": finite, "mask": mask}
 
 

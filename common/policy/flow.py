@@ -100,7 +100,7 @@ def gaussian_entropy(std: torch.Tensor) -> torch.Tensor:
 
 
 def aggregate_steps(step_logp: torch.Tensor, level: str) -> torch.Tensor:
-    """[..., S, K, D] log-probs of S Gaussian denoising steps of a K x D chunk -> the policy's
+    """[..., J, K, D] log-probs of J Gaussian denoising steps of a K x D chunk -> the policy's
     log-prob at `level` (as reduce_logprobs: token_level [..., K*D], action_level [..., K],
     chunk_level [..., 1]): the mean over the steps, then sums over dims and actions."""
     if step_logp.dim() < 3:
