@@ -85,8 +85,8 @@ def test_arms_from_their_own_warm_starts_are_judged_against_them_and_against_asy
     s = learning.summarize(results)
     assert [p["raised"] for p in s["arms"]["async"]["per_seed"].values()] == [True] * 3    # 0.3 > 0.2
     assert [p["raised"] for p in s["arms"]["async_flow"]["per_seed"].values()] == [True, False, True]
-    d = s["final_vs_async"]["async_flow"]
-    assert abs(d[0] - 0.05) < 1e-9 and d[1] <= d[0] <= d[2] and set(s["final_vs_async"]) == {"async_flow"}
+    d = s["final_vs_baseline"]["async_flow"]
+    assert abs(d[0] - 0.05) < 1e-9 and d[1] <= d[0] <= d[2] and set(s["final_vs_baseline"]) == {"async_flow"}
     results["summary"] = s
     md = learning.markdown(results)
     assert "| async_flow | 20 % [12, 28] | 50 % [30, 50], 50 % [25, 50], 50 % [30, 50] | 2/3 | +5 [" in md

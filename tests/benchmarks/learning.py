@@ -22,6 +22,9 @@ Three tasks (--task):
                head's: 900 steps of flow-matching SFT), 15 min of RL per run (--quick: 10 min,
                no Flow-Noise); reports whether each run ends above its warm start, and each
                arm's end against the token head's. Full: 3 arms x 3 seeds, ~2.5 h.
+    gaussian   the pixel task (plain), the Gaussian head (policy.action_head=gaussian) against the
+               parallel token head, each from its own warm start of the same number of SFT steps
+               (600), 15 min of RL per run, 3 seeds; each arm's end against the parallel head's.
 The arms (full: sync, async and the two large-lag ones; --arms picks any):
     sync               --sync: rollout and training in series (today's synchronous VLA-RL loop)
     async              asynchronous, V-trace + PPO clipped around the behaviour policy (the default loss)
@@ -32,6 +35,8 @@ The arms (full: sync, async and the two large-lag ones; --arms picks any):
     async_lag8(_nocorr) the same with a publish every 8 updates (a mean lag of ~4-5 updates)
     async_flow         async with the flow head (policy.action_head=flow, Flow-SDE), from its warm start
     async_flow_noise   the same with Flow-Noise (ReinFlow: every denoising step Gaussian, learned std)
+    async_parallel     async with the parallel token head (policy.action_head=parallel), from its warm start
+    async_gaussian     async with the Gaussian head (policy.action_head=gaussian), from its warm start
 Seeds run in turn, every arm within a seed, so that drift in the machine's load falls on all arms.
 
 Two cost profiles (--profile):
@@ -100,7 +105,10 @@ ARMS = {"sync": ["--sync"],
         "async_flow": ["algorithm.policy_loss=behavior_clip", "policy.action_head=flow",
                        "policy.flow.noise_method=flow_sde"],
         "async_flow_noise": ["algorithm.policy_loss=behavior_clip", "policy.action_head=flow",
-                             "policy.flow.noise_method=flow_noise"]}
+                             "policy.flow.noise_method=flow_noise"],
+        # the parallel token head and the Gaussian head, each from its own warm start
+        "async_parallel": ["algorithm.policy_loss=behavior_clip", "policy.action_head=parallel"],
+        "async_gaussian": ["algorithm.policy_loss=behavior_clip", "policy.action_head=gaussian"]}
 FULL_ARMS = ("sync", "async", "async_lag4", "async_lag4_nocorr")     # --arms adds the others
 QUICK_ARMS = ("sync", "async")
 PROFILES = ("model", "plain")
@@ -127,7 +135,8 @@ class Task:
     max_updates: dict = field(default_factory=dict)   # quick -> the cap of a run that ends by progress
     budgets: dict = field(default_factory=dict)   # (quick, profile) -> wall-clock budget (s) per arm kind
     sft_args: tuple[str, ...] = ()
-    flow_sft_args: tuple[str, ...] = ()   # the flow arms' warm start (none: the task has no flow arms)
+    head_sft: dict = field(default_factory=dict)   # head -> its arms' warm start (the token head's: sft_args)
+    baseline: str = "async"         # the arm every other arm's end is compared with
     run_args: tuple[str, ...] = ()  # every run's overrides
     work_name: str = "learning"     # OUT/<work_name>: its cached stages
     tag: dict = field(default_factory=dict)   # profile -> output name (OUT/learning_<tag>.*)
@@ -138,13 +147,14 @@ class Task:
 TARGET_EPISODES = 128
 TOKEN_SFT = ("policy.action_head=autoregressive",)
 FLOW_SFT = ("policy.action_head=flow", "sft.steps=900")
+HEAD_SFT_STEPS = 600              # the parallel and Gaussian heads' warm starts (docs/models.md)
 TASKS = {
     # Runs end by progress: 5 points above the headline threshold over two windows of 128 training
     # episodes in a row. Stopped on one crossing of 75 %, 1 of 3 quick async runs evaluated at 61 %.
     "pixel": Task(workload.CONFIG, "PixelReach-v0", PROFILES, thresholds=(0.9, 0.8, 0.7, 0.6),
                   eval_gap_s={False: 30.0, True: 20.0}, episodes={False: 128, True: 64},
                   top={False: 0.8, True: 0.7}, target={False: 0.85, True: 0.75},
-                  max_updates={False: 2000, True: 1200}, sft_args=TOKEN_SFT, flow_sft_args=FLOW_SFT,
+                  max_updates={False: 2000, True: 1200}, sft_args=TOKEN_SFT, head_sft={"flow": FLOW_SFT},
                   tag={"model": "model", "plain": "plain"}),
     # The two kinds of action head in the same RL budget (make train's 15 min), each from its own
     # warm start: the token head's is the pixel task's, the flow head's is 900 steps of
@@ -154,9 +164,20 @@ TASKS = {
                   eval_gap_s={False: 60.0, True: 60.0}, episodes={False: 128, True: 128},
                   budgets={(False, "plain"): {"sync": 900.0, "async": 900.0},
                            (True, "plain"): {"sync": 600.0, "async": 600.0}},
-                  sft_args=TOKEN_SFT, flow_sft_args=FLOW_SFT, tag={"plain": "heads"},
+                  sft_args=TOKEN_SFT, head_sft={"flow": FLOW_SFT}, tag={"plain": "heads"},
                   arms={False: ("async", "async_flow", "async_flow_noise"), True: ("async", "async_flow")},
                   seeds={False: 3, True: 3}),
+    # The Gaussian head (continuous, as ManiSkill's own PPO acts) against the parallel token head,
+    # each from its own warm start of the same number of SFT steps, in the same RL budget.
+    "gaussian": Task(workload.CONFIG, "PixelReach-v0", ("plain",), thresholds=(0.95, 0.9, 0.85, 0.8),
+                     eval_gap_s={False: 60.0, True: 60.0}, episodes={False: 128, True: 128},
+                     budgets={(False, "plain"): {"sync": 900.0, "async": 900.0},
+                              (True, "plain"): {"sync": 600.0, "async": 600.0}},
+                     head_sft={h: (f"policy.action_head={h}", f"sft.steps={HEAD_SFT_STEPS}")
+                               for h in ("parallel", "gaussian")},
+                     tag={"plain": "gaussian"}, baseline="async_parallel",
+                     arms={False: ("async_parallel", "async_gaussian"), True: ("async_parallel", "async_gaussian")},
+                     seeds={False: 3, True: 3}),
     # The real simulator's cost, nothing modelled: `make train`'s config from its own warm start,
     # the learner and the actors on disjoint cores in both arms (on 2 cores: one each). RL lifts
     # that warm start from ~1 % to 19-32 % in 96 updates (~15 min), hence the low thresholds and
@@ -193,8 +214,9 @@ def run(quick: bool = False, out_dir: Path = OUT_DIR, profile: str | None = None
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         raise ValueError(f"unknown arm(s) {unknown}; choose from {list(ARMS)}")
-    if not t.flow_sft_args and any(head_of(a) == "flow" for a in arms):
-        raise ValueError(f"task={task!r} has no flow warm start; the flow arms run on the pixel task")
+    missing = sorted({head_of(a) for a in arms} - set(t.head_sft) - {"token"})
+    if missing:
+        raise ValueError(f"task={task!r} has no warm start for the {missing} head(s) of arms {list(arms)}")
     episodes = t.episodes[quick]
     work = out_dir / t.work_name
     if fresh:
@@ -204,7 +226,7 @@ def run(quick: bool = False, out_dir: Path = OUT_DIR, profile: str | None = None
     sft_points = {head: evaluate_policy_dir(policies[head], episodes, t.config) for head in heads}
     latency_ms, calibration = (calibrate(work, policies["token"], t) if profile == "model" else (0.0, None))
     stop = stop_rule(t, quick, profile)
-    results = {"task": task, "config": t.config, "env_id": t.env_id, "tag": t.tag[profile], "profile": profile,
+    results = {"task": task, "baseline": t.baseline, "config": t.config, "env_id": t.env_id, "tag": t.tag[profile], "profile": profile,
                "thresholds": list(t.thresholds), "top": t.top.get(quick), "stop": stop,
                "sim_latency_ms": latency_ms, "calibration": calibration, "episodes": episodes,
                "eval_seed": EVAL_SEED, "seeds": list(range(seeds)),
@@ -251,14 +273,14 @@ def publish_interval(arm: str) -> int:
 
 
 def head_of(arm: str) -> str:
-    """'flow' for the flow-head arms, else 'token': which warm start an arm starts from."""
-    return "flow" if "policy.action_head=flow" in ARMS[arm] else "token"
+    """Which warm start an arm starts from: its policy.action_head, or 'token' (the config's head)."""
+    return next((a.split("=", 1)[1] for a in ARMS[arm] if a.startswith("policy.action_head=")), "token")
 
 
 def warm_start_args(t: Task, arm: str) -> tuple[str, ...]:
     """What an arm's warm start was made with beyond the config (the token head's: nothing, so
     that runs made before there were flow arms keep their stamps)."""
-    return t.flow_sft_args if head_of(arm) == "flow" else ()
+    return () if head_of(arm) == "token" else tuple(t.head_sft[head_of(arm)])
 
 
 def run_name(t: Task, profile: str, arm: str, seed: int) -> str:
@@ -271,7 +293,8 @@ def add_arguments(parser) -> list[str]:
                         help="pixel: the pixel task from one SFT warm start; maniskill: make train's PushCube "
                              "config at the real simulator's cost (--profile plain), actors and learner on "
                              "disjoint cores; heads: the token head against the flow head on the pixel task, "
-                             "each from its own warm start, 15 min of RL")
+                             "each from its own warm start, 15 min of RL; gaussian: the Gaussian head against "
+                             "the parallel token head the same way")
     parser.add_argument("--profile", choices=PROFILES, default=None,
                         help="model: seed 002's rollout:training ratio, modelled with env.sim_latency_ms; "
                              "plain: the task's own speed (default: model for pixel, plain for maniskill)")
@@ -288,7 +311,7 @@ def warm_start(work: Path, task: Task, head: str = "token") -> Path:
     name = "sft_run" if head == "token" else f"sft_run_{head}"
     demos, policy = work / "demos", work / name / "sft" / "policy"
     cli = [sys.executable, "-m", "asyncvla.launch.cli"]
-    sft = list(task.sft_args if head == "token" else task.flow_sft_args)
+    sft = list(task.sft_args if head == "token" else task.head_sft[head])
     if not _made_with(work, "demos", _settings(task.config)):
         shutil.rmtree(demos, ignore_errors=True)
         subprocess.run(cli + ["collect", task.config, "--out", str(demos)], check=True)
@@ -555,10 +578,11 @@ def summarize(results: dict) -> dict:
                 ratio["resolution"] = float(np.sqrt(hi / lo))     # the interval spans ratio x/÷ this
                 out["ratios"][arm][th] = ratio
         out["sync_rollout_to_train"] = [s["rollout_s"] / s["train_s"] for s in out["arms"]["sync"]["per_seed"].values()]
-    if "async" in runs:          # where each other arm ends against the default async arm, in success
+    base = results.get("baseline", "async")
+    if base in runs:             # where each other arm ends against the baseline arm, in success
         finals = {arm: [r["curve"][-1]["success"] for r in seeds.values()] for arm, seeds in runs.items()}
-        out["final_vs_async"] = {arm: bootstrap_diff(finals[arm], finals["async"], rng)
-                                 for arm in runs if arm not in ("async", "sync")}
+        out["final_vs_baseline"] = {arm: bootstrap_diff(finals[arm], finals[base], rng)
+                                    for arm in runs if arm not in (base, "sync")}
     return out
 
 
@@ -654,11 +678,12 @@ def markdown(results: dict) -> str:
         cells = [_pct(a["at_time"][t]["mean"]) + (f"; IQM {_pct(a['at_time'][t]['iqm'])}" if "iqm" in a["at_time"][t]
                                                    else "") for t in FIXED_TIMES_S]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
-    versus = s.get("final_vs_async")          # (arms other than async and sync, when async ran)
+    versus = s.get("final_vs_baseline")       # (arms other than the baseline and sync, when it ran)
+    base = results.get("baseline", "async")
     lines += ["", "From the warm start (success on the fixed episodes, 95 % Wilson CI; raised: the run's last "
                   "evaluation's lower bound above the warm start's upper bound)"
-              + ("; the end against async's, in points (mean difference [95 % CI])" if versus else "") + ":", "",
-              "| arm | warm start | end, per seed | raised |" + (" end - async (points) |" if versus else ""),
+              + (f"; the end against {base}'s, in points (mean difference [95 % CI])" if versus else "") + ":", "",
+              "| arm | warm start | end, per seed | raised |" + (f" end - {base} (points) |" if versus else ""),
               "|---|---|---|---|" + ("---|" if versus else "")]
     for arm, a in s["arms"].items():
         w, per = a["warm_start"], a["per_seed"].values()
