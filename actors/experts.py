@@ -19,6 +19,7 @@ import numpy as np
 
 EE_STEP_M = 0.1              # pd_ee_delta_pos: an action of 1 moves the TCP 0.1 m (pos_lower/upper)
 GRIPPER_CLOSED = -1.0        # the normalised gripper action of a closed Panda hand
+GRIPPER_OPEN = 1.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,36 @@ def push_cube_action(tcp, cube, goal, half: float = 0.02) -> np.ndarray:
     return np.append(move, GRIPPER_CLOSED).astype(np.float32)
 
 
+def pick_cube_action(tcp, cube, goal, grasped: bool, finger_gap: float, half: float = 0.02) -> np.ndarray:
+    """PickCube in pd_ee_delta_pos: hand open, over the cube at 5 cm above it, down to its centre,
+    close; once it holds the cube, carry it to the goal (the gripper stays closed). A hand that
+    closed on nothing (`finger_gap`, the summed finger opening in metres, nearly 0 and no grasp)
+    opens again and the approach restarts. Positions in metres, world frame."""
+    tcp, cube, goal = (np.asarray(v, np.float64).reshape(3) for v in (tcp, cube, goal))
+    grip = GRIPPER_OPEN
+    if grasped:                                                  # carry
+        target, grip = goal, GRIPPER_CLOSED
+    elif finger_gap < 0.01:                                      # closed on nothing: open, rise a little
+        target = np.array([tcp[0], tcp[1], max(tcp[2], cube[2] + 0.03)])
+    elif np.linalg.norm(tcp - cube) < 0.01:                      # at the cube's centre: close
+        target, grip = tcp, GRIPPER_CLOSED
+    elif np.linalg.norm(tcp[:2] - cube[:2]) < 0.01:              # above it: straight down
+        target = cube
+    else:                                                        # over to it, 5 cm above
+        target = np.array([cube[0], cube[1], max(cube[2] + 0.05, min(tcp[2], cube[2] + 0.08))])
+    move = np.clip((target - tcp) / EE_STEP_M, -1.0, 1.0)
+    return np.append(move, grip).astype(np.float32)
+
+
+def _pick_cube(base) -> np.ndarray:
+    def p(actor):
+        return actor.pose.p[0].detach().cpu().numpy()
+    fingers = base.agent.robot.get_qpos()[0, -2:].detach().cpu().numpy()
+    return pick_cube_action(p(base.agent.tcp), p(base.cube), p(base.goal_site),
+                            bool(base.agent.is_grasping(base.cube)[0]), float(fingers.sum()),
+                            float(base.cube_half_size))
+
+
 def _push_cube(base) -> np.ndarray:
     def p(actor):
         return actor.pose.p[0].detach().cpu().numpy()
@@ -53,6 +84,7 @@ def _push_cube(base) -> np.ndarray:
 
 EXPERTS: dict[str, Expert] = {
     "PushCube-v1": Expert("pd_ee_delta_pos", _push_cube),
+    "PickCube-v1": Expert("pd_ee_delta_pos", _pick_cube),
 }
 
 
