@@ -83,12 +83,12 @@ import zmq
 from asyncvla.common import protocol as P
 from asyncvla.common.signals import descendants, process_start_time, python_module
 from asyncvla.common.trajectory_channel import ack_count
+from tests.support.paths import PIXEL, REPO
 from tests.support.ports import run_ports
-from tests.test_e2e_system import SMALL_BACKBONE, start
+from tests.support.runs import SMALL, SMALL_BACKBONE, start, train_pixel_task
 from tests.support.wire import header_of
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIG = str(REPO / "configs" / "pixel_task.yaml")
+CONFIG = str(PIXEL)
 LEARNER_MODULE = "asyncvla.learner.main"
 EVALUATOR_MODULE = "asyncvla.launch.evaluator"
 BATCH = 4                    # learner.batch_trajectories: one segment of 4 envs per update and rank
@@ -1850,8 +1850,7 @@ def escaping_names(out: Path) -> Row:
     anywhere, a join that goes on."""
     from asyncvla.actors.join import join
     from asyncvla.common.sockets import TransportError
-    from tests.test_auth import FakeLearner
-    from tests.test_transport_control import tcfg
+    from tests.support.sockets import FakeLearner, tcfg
 
     row = Row("fake learner: escaping file names")
     root = out / "escape"
@@ -1921,10 +1920,10 @@ def nonfinite_config() -> Row:
 
 
 def _short_run(out: Path, name: str, overrides: list[str]) -> tuple[subprocess.CompletedProcess, str, Accounts | None]:
-    """A 1-actor `asyncvla train` on the pixel task (tests/test_e2e.py SMALL) to its end: the
-    process, its output, its final accounting (None when it wrote none)."""
-    from tests.test_e2e import SMALL, train_pixel_task
-    r = train_pixel_task(out, name, [*SMALL, *SMALL_BACKBONE, *overrides], timeout=300)
+    """A 1-actor `asyncvla train` on the pixel task (tests/support/runs.py SMALL, no evaluator) to
+    its end: the process, its output, its final accounting (None when it wrote none)."""
+    r = train_pixel_task(out, name, [*SMALL, "launch.num_local_actors=1", "eval.eval_interval=0", *SMALL_BACKBONE,
+                                     *overrides], timeout=300)
     records = _read_accounting(out / name, 1)
     return r, r.stdout + r.stderr, Accounts.of(records) if records else None
 

@@ -21,13 +21,11 @@ import zmq
 from asyncvla.common import protocol as P
 from asyncvla.common import transport
 from asyncvla.common.control import policy_file_parts
-from asyncvla.common.sockets import Node, TransportError, bound_endpoint, printable
+from asyncvla.common.sockets import Node, TransportError, printable
 from asyncvla.launch import cli
+from tests.support.paths import REPO
 from tests.support.segments import make_segment
-from tests.test_transport import REPO, wait_until
-from tests.test_transport_control import SPEC, tcfg, welcome_fn_for
-
-REQUEST = P.Limits.for_kind("request", 1)
+from tests.support.sockets import SPEC, FakeLearner, tcfg, wait_until, welcome_fn_for
 
 
 class RawPeer:
@@ -188,40 +186,6 @@ def test_with_curve_an_actor_id_belongs_to_the_key_that_registered_it(tmp_path):
 
 
 # ------------------------------------------------------------------- policy files on the actor
-class FakeLearner:
-    """A real ROUTER that welcomes any hello and answers get_policy_files with `files`."""
-
-    def __init__(self, files: dict[str, bytes]):
-        self.files = files
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.linger = 0
-        self.sock.bind("tcp://127.0.0.1:*")
-        self.endpoint = bound_endpoint(self.sock)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self):
-        welcome = {"config": {}, "trajectory_endpoints": ["tcp://127.0.0.1:2"], "policy": {"path": "/not/here"},
-                   "weights_endpoint": "tcp://127.0.0.1:3", "weight_version": 0, "rollout": {}, "token": "t"}
-        while not self._stop.is_set():
-            if not self.sock.poll(50):
-                continue
-            peer, *frames = self.sock.recv_multipart()
-            kind = P.decode(frames, REQUEST).kind
-            if kind == "hello":
-                self.sock.send_multipart([peer, *P.encode_control("welcome", welcome)])
-            elif kind == "get_policy_files":
-                self.sock.send_multipart([peer, *P.encode_control("policy_files", files=self.files)])
-
-    def close(self):
-        self._stop.set()
-        self._thread.join()
-        self.sock.close()
-        self.ctx.term()
-
-
 @pytest.mark.parametrize("name", ["../x", "a/../../x", "/ABS/x", "a//b", "./x", "a/", "a\\b", "x\x00y",
                                   "x\ny", "/".join("d" * 9), "y" * 256])
 def test_an_actor_refuses_policy_files_with_unsafe_names(tmp_path, monkeypatch, name):

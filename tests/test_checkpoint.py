@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from asyncvla.learner import checkpoint as ck
+from tests.support.checkpoints import state_tag
 
 FILES = ["zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
          "zero_pp_rank_1_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
@@ -148,16 +149,6 @@ class Payload:
         return os.mkdir, (self.path,)
 
 
-def state_tag(root, step, states: dict, zero_stage=3):
-    """A complete tag whose files hold the given objects (torch.save, as DeepSpeed writes them)."""
-    tag = root / ck.tag_name(step)
-    tag.mkdir(parents=True)
-    for name, obj in states.items():
-        torch.save(obj, tag / name)
-    ck.mark_complete(tag, list(states), step=step, world_size=1, zero_stage=zero_stage, bf16=False)
-    return tag
-
-
 def test_state_files_holding_arbitrary_objects_are_refused(tmp_path):
     from asyncvla.learner import export
 
@@ -271,7 +262,7 @@ def _mount_tiny_disk(path: Path):
 
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory):
-    from tests.test_engine import launch
+    from tests.support.engines import launch
 
     out = tmp_path_factory.mktemp("faults")
     tiny, why = _mount_tiny_disk(out / "tiny")

@@ -2,14 +2,12 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from asyncvla.common.config import (Config, ConfigError, describe, from_dict, load_config, to_dict,
                                     to_yaml)
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.paths import QUICKSTART, REPO
 
 
 def write(tmp_path, text):
@@ -138,7 +136,7 @@ def test_cli_unknown_key_exits_nonzero(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode != 0
     assert "transport.contrl_port" in r.stderr
-    ok = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "config", str(REPO / "configs/quickstart.yaml"),
+    ok = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "config", str(QUICKSTART),
                          "actor.num_envs=3"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert "num_envs: 3" in ok.stdout

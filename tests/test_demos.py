@@ -16,13 +16,12 @@ from asyncvla.actors.envs.pixel_task import PixelReachEnv
 from asyncvla.common.config import EnvConfig, load_config
 from asyncvla.actors.envs.maniskill import flat_state
 from asyncvla.common.demos import DemoError, DemoSpec, find_files, flat_states, read_demos, write_demos
+from tests.support.paths import PIXEL
 
-REPO = Path(__file__).resolve().parents[1]
-PIXEL_CFG = REPO / "configs" / "pixel_task.yaml"
 
 
 def pixel_cfg(*overrides):
-    return load_config(PIXEL_CFG, list(overrides))
+    return load_config(PIXEL, list(overrides))
 
 
 def spec(cfg):
@@ -222,7 +221,7 @@ def test_sft_command_on_a_corrupt_file_prints_one_line(tmp_path, demo_dir):
     d.mkdir()
     (d / "trajectory.json").write_bytes((src / "trajectory.json").read_bytes())
     (d / "trajectory.h5").write_bytes(b"not an hdf5 file at all")
-    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "sft", str(PIXEL_CFG), f"sft.data={d}",
+    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "sft", str(PIXEL), f"sft.data={d}",
                         f"logging.output_dir={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr

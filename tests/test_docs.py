@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from asyncvla.common.config import describe
+from tests.support.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
-CONFIG_PAGE = ROOT / "docs" / "configuration.md"
+README = REPO / "README.md"
+CONFIG_PAGE = REPO / "docs" / "configuration.md"
 REGENERATE = "asyncvla config --describe --markdown > docs/configuration.md"
 README_MAX_LINES = 240
 BIN = Path(sys.executable).parent          # the venv's bin: asyncvla, mkdocs
@@ -78,7 +78,7 @@ def test_readme_results_come_from_the_results_page_generator():
     from tests.benchmarks.results_page import END, START, replace_block
     text = README.read_text()
     block = text.split(START, 1)[1].split(END, 1)[0]
-    page = (ROOT / "docs" / "results.md").read_text()
+    page = (REPO / "docs" / "results.md").read_text()
     tables = [line for line in block.splitlines() if line.startswith("|")]
     assert len(tables) >= 6 and all(line in page for line in tables), "regenerate: python -m tests.benchmarks.results_page"
     assert replace_block(text, block.strip("\n")) == text            # regenerating the same data changes nothing
@@ -90,7 +90,7 @@ def test_readme_commands_run():
     assert any("--help" in c for c in commands) and any(c[1:2] == ["config"] for c in commands), \
         f"the README should show `asyncvla --help` and `asyncvla config ...`; found {commands}"
     for words in commands:
-        proc = subprocess.run(words, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(words, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, f"README command `{shlex.join(words)}` exited {proc.returncode}:\n{proc.stderr}"
 
 
@@ -98,7 +98,7 @@ def test_configuration_page_is_generated_from_the_schema():
     expected = describe(markdown=True)
     assert CONFIG_PAGE.read_text() == expected, \
         f"docs/configuration.md differs from the schema (common/config.py); regenerate it: {REGENERATE}"
-    proc = subprocess.run(["asyncvla", "config", "--describe", "--markdown"], cwd=ROOT, env=_env(),
+    proc = subprocess.run(["asyncvla", "config", "--describe", "--markdown"], cwd=REPO, env=_env(),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout == expected, proc.stderr
 
@@ -106,8 +106,8 @@ def test_configuration_page_is_generated_from_the_schema():
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
-                           "-d", str(out)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO / "mkdocs.yml"),
+                           "-d", str(out)], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
     return out
 
@@ -132,7 +132,7 @@ def test_readme_links_lead_somewhere(site):
         if not path:
             assert anchor in own_anchors, f"README link {target}: no such heading in README.md"
             continue
-        assert (ROOT / path).exists(), f"README link {target}: {path} does not exist"
+        assert (REPO / path).exists(), f"README link {target}: {path} does not exist"
         if anchor:
             assert path.startswith("docs/") and path.endswith(".md"), target
             page = site / Path(path).relative_to("docs").with_suffix("") / "index.html"

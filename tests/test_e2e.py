@@ -3,25 +3,12 @@ actor process over ZeroMQ; it must train, publish, log to tensorboard, checkpoin
 published policy and stop by itself."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from asyncvla.learner.checkpoint import read_client_state
-from tests.support.ports import run_port_overrides
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def train_pixel_task(out_dir: Path, name: str, overrides: list[str], timeout: float):
-    """`asyncvla train configs/pixel_task.yaml` into out_dir/name on free ports, without a progress bar."""
-    return subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "train", str(REPO / "configs/pixel_task.yaml"),
-                           f"logging.output_dir={out_dir}", f"logging.experiment_name={name}",
-                           "logging.progress=false", *run_port_overrides(), *overrides],
-                          capture_output=True, text=True, timeout=timeout)
+from tests.support.runs import train_pixel_task
 
 
 @pytest.mark.parametrize("head", ["autoregressive", "parallel"])
@@ -95,8 +82,3 @@ def test_resume_from_the_checkpoints_folder_with_periodic_eval_ends_by_itself(tm
     norm = read_client_state(run / "checkpoints" / "step_00000004")["value_norm"]
     assert norm["weight"] == pytest.approx(1 - 0.9 ** 4) and norm["sq_acc"] > 0
 
-
-# (also the fault suite's short runs: tests/faults_harness.py)
-SMALL = ["learner.batch_trajectories=4", "learner.micro_batch_size=16", "actor.num_envs=4", "actor.rollout_length=4",
-         "launch.num_local_actors=1", "algorithm.num_minibatches=1", "algorithm.update_epochs=1",
-         "eval.eval_interval=0"]

@@ -12,15 +12,12 @@
 
 import os
 import signal
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from asyncvla.common.auth import ensure_join_secret, read_join_secret
 from asyncvla.common.config import TransportConfig, load_config, to_yaml
@@ -28,25 +25,8 @@ from asyncvla.common.control import LearnerClient
 from asyncvla.common.weight_channel import WeightSubscriber
 from asyncvla.launch.train import learner_command
 from asyncvla.learner.checkpoint import read_client_state
-from tests.support.ports import run_port_overrides
-
-REPO = Path(__file__).resolve().parents[1]
-SMALL_BACKBONE = ["policy.backbone.text_layers=1", "policy.backbone.text_hidden_size=64",
-                  "policy.backbone.intermediate_size=128", "policy.backbone.vision_hidden_size=32",
-                  "policy.backbone.vision_layers=1", "policy.lora_rank=8", "policy.value_head_hidden=32"]
-
-
-def small_run(tmp_path, name: str, *extra: str) -> list[str]:
-    return [f"logging.output_dir={tmp_path}", f"logging.experiment_name={name}", "logging.progress=false",
-            "learner.batch_trajectories=4", "learner.micro_batch_size=16", "actor.num_envs=4",
-            "actor.rollout_length=4", "algorithm.num_minibatches=1", "eval.eval_interval=0", *SMALL_BACKBONE,
-            *run_port_overrides(), *extra]
-
-
-def start(cmd: list[str], log: Path) -> subprocess.Popen:
-    """A child in its own session (so kill -9 reaches its whole tree), output to a log file."""
-    return subprocess.Popen(cmd, start_new_session=True, stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+from tests.support.paths import PIXEL
+from tests.support.runs import complete, latest_complete, scalars, small_run, start, stop, wait_for
 
 
 def actor_cmd(cfg, actor_id: str, run: Path) -> list[str]:
@@ -54,46 +34,6 @@ def actor_cmd(cfg, actor_id: str, run: Path) -> list[str]:
     return [sys.executable, "-m", "asyncvla.launch.cli", "actor", "--learner",
             f"tcp://127.0.0.1:{cfg.transport.control_port}", "--actor-id", actor_id, "--num-envs", "2",
             "--run-dir", str(run)]
-
-
-def stop(*procs) -> None:
-    """Stop what a failed test leaves running: SIGTERM first (`asyncvla train` then stops its
-    children, which live in their own sessions), SIGKILL for anything still there."""
-    for p in procs:
-        if p is not None and p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
-    for p in procs:
-        if p is not None:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-
-
-def wait_for(predicate, timeout: float, what: str, procs=()):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        for p in procs:
-            assert p.poll() is None, f"a process ended (code {p.returncode}) while waiting for {what}"
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def complete(run: Path, step: int) -> bool:
-    return (run / "checkpoints" / f"step_{step:08d}" / "COMPLETE.json").exists()
-
-
-def latest_complete(run: Path) -> int:
-    done = [int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*") if (p / "COMPLETE.json").exists()]
-    return max(done, default=0)
-
-
-def scalars(run: Path, tag: str) -> dict[int, float]:
-    acc = EventAccumulator(str(run / "tb"), purge_orphaned_data=False)
-    acc.Reload()
-    return {e.step: e.value for e in acc.Scalars(tag)} if tag in acc.Tags()["scalars"] else {}
 
 
 class VersionWatcher:
@@ -133,7 +73,7 @@ class VersionWatcher:
 def test_kill9_resume_and_standalone_actors(tmp_path):
     overrides = small_run(tmp_path, "resume", "learner.max_steps=1000", "checkpoint.save_interval=2",
                           "learner.rollout_ema_decay=0.5", "launch.num_local_actors=0")
-    cfg = load_config(str(REPO / "configs/pixel_task.yaml"), overrides)
+    cfg = load_config(str(PIXEL), overrides)
     run = tmp_path / "resume"
     run.mkdir()
     (run / "launch_config.yaml").write_text(to_yaml(cfg))
@@ -199,7 +139,7 @@ def test_standalone_actor_takes_its_rollout_plan_from_a_two_rank_learner(tmp_pat
     from asyncvla.learner.ingest import rollout_plan
     overrides = small_run(tmp_path, "plan", "learner.max_steps=3", "learner.batch_trajectories=8",
                           "launch.num_local_actors=0", "launch.num_learner_ranks=2", "eval.eval_interval=0")
-    cfg = load_config(str(REPO / "configs/pixel_task.yaml"), overrides)
+    cfg = load_config(str(PIXEL), overrides)
     run = tmp_path / "plan"
     run.mkdir()
     (run / "launch_config.yaml").write_text(to_yaml(cfg))
@@ -224,7 +164,7 @@ def test_two_ranks_sync_publish_equals_consolidated_checkpoint(tmp_path):
     overrides = small_run(tmp_path, "two_ranks", "learner.max_steps=3", "checkpoint.save_interval=1",
                           "learner.batch_trajectories=16", "checkpoint.keep_last=10",
                           "learner.rollout_ema_decay=0.0", "launch.num_local_actors=2")
-    cfg_path = REPO / "configs/pixel_task.yaml"
+    cfg_path = PIXEL
     cfg = load_config(str(cfg_path), overrides)
     train = start([sys.executable, "-m", "asyncvla.launch.cli", "train", str(cfg_path), *overrides,
                    "--num-learner-ranks", "2", "--sync"], tmp_path / "train.log")

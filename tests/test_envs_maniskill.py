@@ -15,6 +15,7 @@ import pytest
 from asyncvla.actors.envs import ChunkEnv, make_env
 from asyncvla.actors.envs.base import episode_seed, resize_images
 from asyncvla.common.config import EnvConfig
+from tests.support.paths import MANISKILL
 
 K, SIZE = 4, 64
 FRAMED = "[0.5,0,0.35,0.05,0,0.02]"     # a camera over the workspace: eye, target (metres)
@@ -229,13 +230,11 @@ def test_scripted_push_cube_demos_in_the_rl_control_mode(tmp_path):
     import json
     import subprocess
     import sys
-    from pathlib import Path
 
     from asyncvla.common.demos import DemoError, DemoSpec, read_demos
 
-    repo = Path(__file__).resolve().parents[1]
     out = tmp_path / "demos"
-    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "collect", str(repo / "configs/maniskill.yaml"),
+    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "collect", str(MANISKILL),
                         "collect.method=scripted", "env.control_mode=pd_ee_delta_pos", "policy.action_dim=4",
                         "collect.action_noise=0.1", "collect.num_procs=1", f"env.camera_pose={FRAMED}",
                         "env.camera_fov=0.8", "env.render_size=64", "--episodes", "2", "--out", str(out)],

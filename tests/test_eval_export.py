@@ -25,9 +25,8 @@ from asyncvla.launch import cli
 from asyncvla.learner import checkpoint
 
 from tests import ds_worker as W
-from tests.test_engine import launch
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.engines import launch
+from tests.support.paths import REPO
 
 
 @pytest.fixture(scope="module")

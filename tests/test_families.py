@@ -22,10 +22,9 @@ from asyncvla.common.policy import VLAPolicy
 from asyncvla.common.policy.backbone import write_tiny_backbone
 from asyncvla.common.policy.families import FAMILY_NAMES, family_by_name
 from asyncvla.common.policy.families.released import RELEASED, build_on_meta, lora_trainable, parameter_count
+from tests.support.paths import PIXEL, REPO
 from tests.support.ports import run_port_overrides
 
-REPO = Path(__file__).resolve().parents[1]
-PIXEL = REPO / "configs" / "pixel_task.yaml"
 INSTRUCTIONS = ["push the cube to the goal region", "lift the peg", ""]
 
 

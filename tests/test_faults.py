@@ -35,8 +35,7 @@ from asyncvla.common import transport
 from asyncvla.learner.ingest import Inbox
 from tests import faults_harness as H
 from tests.support.segments import make_segment, make_spec
-from tests.test_transport import send_raw, wait_until
-from tests.test_transport_control import tcfg, welcome_fn_for
+from tests.support.sockets import send_raw, tcfg, wait_until, welcome_fn_for
 
 SPEC = make_spec(T=2, B=4, H=8, L=4, K=2, D=2)
 

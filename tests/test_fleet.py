@@ -31,15 +31,14 @@ from pathlib import Path
 import pytest
 
 from tests.benchmarks import multinode
+from tests.support.paths import REPO
 from tests.support.ports import free_ports, run_ports
-from tests.test_e2e_system import SMALL_BACKBONE
+from tests.support.runs import SMALL, SMALL_BACKBONE
 
-REPO = Path(__file__).resolve().parents[1]
 HOSTS = ("127.0.0.5", "127.0.0.6")   # not test_multinode's nodes: make test may run both files at once
 UNREACHABLE = "127.0.0.4"          # no sshd listens there
-SMALL = ["learner.batch_trajectories=4", "learner.micro_batch_size=16", "actor.num_envs=4", "actor.rollout_length=4",
-         "algorithm.num_minibatches=1", "algorithm.update_epochs=1", "eval.eval_interval=0",
-         "launch.num_local_actors=0", "transport.bind_host=0.0.0.0", "logging.progress=false", *SMALL_BACKBONE]
+FLEET_RUN = [*SMALL, "eval.eval_interval=0", "launch.num_local_actors=0", "transport.bind_host=0.0.0.0",
+             "logging.progress=false", *SMALL_BACKBONE]
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +71,7 @@ def start_train(tmp: Path, name: str, host_lines: list[str] | None, overrides: l
     env_file = tmp / "deepspeed_env"
     env_file.write_text("".join(f"{k}={v}\n" for k, v in multinode.RANK_ENV.items()))
     log = tmp / f"{name}.log"
-    cmd = [sys.executable, "-m", "asyncvla.launch.cli", "train", "configs/pixel_task.yaml", *SMALL, *overrides,
+    cmd = [sys.executable, "-m", "asyncvla.launch.cli", "train", "configs/pixel_task.yaml", *FLEET_RUN, *overrides,
            f"logging.output_dir={tmp / 'runs'}", f"logging.experiment_name={name}",
            f"transport.keys_dir={tmp / 'keys'}", f"transport.control_port={control}",
            f"transport.weights_port={weights}", f"transport.trajectory_port={trajectory}",

@@ -10,9 +10,9 @@ from torch.distributions import Independent, Normal
 
 from asyncvla.common.config import ConfigError, load_config
 from asyncvla.common.policy import VLAPolicy
+from tests.support.paths import PIXEL
 
 B = 3
-PIXEL = "configs/pixel_task.yaml"
 
 
 def gaussian_policy(*overrides, seed=0):

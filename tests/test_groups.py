@@ -10,6 +10,7 @@ from asyncvla.actors.envs.base import ResetSeeds, group_seed
 from asyncvla.actors.outbox import GroupOutbox, Outbox, make_outbox
 from asyncvla.common.config import load_config
 from asyncvla.common.groups import group_advantages
+from tests.support.paths import PIXEL
 
 
 def naive_group_advantages(slots, returns, G, eps=1e-6):
@@ -91,7 +92,7 @@ def pixel_rollout(group_size=4, num_envs=3, T=4, segments=12):
     from asyncvla.actors import rollout
     from asyncvla.actors.envs import make_env
     from asyncvla.common.policy import VLAPolicy
-    cfg = load_config("configs/pixel_task.yaml", ["algorithm.adv_type=grpo", f"algorithm.group_size={group_size}",
+    cfg = load_config(PIXEL, ["algorithm.adv_type=grpo", f"algorithm.group_size={group_size}",
                                                   "env.max_episode_steps=20"])
     torch.manual_seed(0)
     policy = VLAPolicy.build(cfg.policy)
@@ -108,7 +109,7 @@ def test_the_outbox_holds_segments_until_their_groups_end_and_scores_every_step(
     cfg, collected = pixel_rollout()
     G = cfg.algorithm.group_size
     outbox = make_outbox(cfg)
-    assert isinstance(outbox, GroupOutbox) and isinstance(make_outbox(load_config("configs/pixel_task.yaml")), Outbox)
+    assert isinstance(outbox, GroupOutbox) and isinstance(make_outbox(load_config(PIXEL)), Outbox)
     returns, sent = {}, []
     for seq, (arrays, info) in enumerate(collected):
         returns.update(info["ended"])

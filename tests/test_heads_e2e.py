@@ -5,17 +5,15 @@ export acts as the checkpoint does -> asyncvla eval."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from asyncvla.common.policy import VLAPolicy
+from tests.support.paths import PIXEL, REPO
 from tests.support.ports import run_port_overrides
 
-REPO = Path(__file__).resolve().parents[1]
-PIXEL = REPO / "configs" / "pixel_task.yaml"
 CLI = [sys.executable, "-m", "asyncvla.launch.cli"]
 HEADS = {"flow": ["policy.action_head=flow", "policy.flow.num_steps=3"], "gaussian": ["policy.action_head=gaussian"]}
 

@@ -5,7 +5,8 @@ Read off every module's import statements, lazy ones included."""
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO
+
 MAY_IMPORT = {"common": {"common"}, "actors": {"common", "actors"}, "learner": {"common", "learner"},
               "launch": {"common", "actors", "learner", "launch"}}
 

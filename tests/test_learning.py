@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.paths import PIXEL
 from tests.support.ports import run_port_overrides
 
-REPO = Path(__file__).resolve().parents[1]
 
 # Budgets chosen from measurements (2 cores), 120 s of RL from one SFT policy (18.8 % [15.6, 22.4]
 # on 512 episodes) each time:
@@ -48,7 +48,7 @@ SETTINGS = ["policy.image_size=32", "policy.action_head=parallel", "learner.valu
 
 def pipeline(out: Path, timeout: float):
     return subprocess.run(
-        [sys.executable, "-m", "asyncvla.launch.cli", "pipeline", str(REPO / "configs/pixel_task.yaml"),
+        [sys.executable, "-m", "asyncvla.launch.cli", "pipeline", str(PIXEL),
          *SETTINGS, f"logging.output_dir={out}", "logging.experiment_name=learn", "logging.progress=false",
          f"sft.steps={SFT_STEPS}", "sft.eval_interval=0", f"sft.eval_episodes={EVAL_EPISODES}",
          "learner.max_time_s=null", f"learner.max_steps={RL_UPDATES}", "checkpoint.save_interval=1000",

@@ -6,7 +6,6 @@ policy sees there."""
 
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +15,8 @@ from asyncvla.actors.envs.maniskill import flat_state
 from asyncvla.actors.motion_planning import check_task, collect_motion_planning
 from asyncvla.common.demos import flat_states
 from asyncvla.common.config import load_config
+from tests.support.paths import QUICKSTART
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_two_pushcube_demos_convert_and_replay_to_success(tmp_path):
@@ -52,14 +51,14 @@ def test_two_pushcube_demos_convert_and_replay_to_success(tmp_path):
 def test_a_task_without_a_solution_names_those_that_have_one(tmp_path):
     with pytest.raises(ValueError, match="PushCube-v1"):
         check_task("PushT-v1")
-    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "collect", str(REPO / "configs/quickstart.yaml"),
+    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "collect", str(QUICKSTART),
                         "env.id=PushT-v1", "--episodes", "1", "--out", str(tmp_path / "d")],
                        capture_output=True, text=True, timeout=300)
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "has no motion-planning solution" in err[-1] and "PickCube-v1" in err[-1]
     # ManiSkill's replay tool renders the task's own camera: camera keys are refused before anything runs
-    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "collect", str(REPO / "configs/quickstart.yaml"),
+    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "collect", str(QUICKSTART),
                         "collect.method=motion_planning", "env.render_size=64", "--episodes", "1",
                         "--out", str(tmp_path / "e")], capture_output=True, text=True, timeout=300)
     err = r.stderr.strip().splitlines()

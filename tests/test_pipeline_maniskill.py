@@ -22,9 +22,9 @@ from pathlib import Path
 import h5py
 import pytest
 
+from tests.support.paths import MANISKILL
 from tests.support.ports import run_port_overrides
 
-REPO = Path(__file__).resolve().parents[1]
 SMALL = ["collect.method=scripted", "env.control_mode=pd_ee_delta_pos", "policy.action_dim=4",
          "env.camera_pose=[0.5,0,0.35,0.05,0,0.02]", "env.camera_fov=0.8", "env.render_size=64",
          "collect.action_noise=0.1", "collect.num_episodes=2", "collect.num_procs=1", "sft.steps=12", "sft.eval_episodes=2",
@@ -34,7 +34,7 @@ SMALL = ["collect.method=scripted", "env.control_mode=pd_ee_delta_pos", "policy.
 
 
 def command(out: Path) -> list[str]:
-    return [sys.executable, "-m", "asyncvla.launch.cli", "pipeline", str(REPO / "configs/maniskill.yaml"),
+    return [sys.executable, "-m", "asyncvla.launch.cli", "pipeline", str(MANISKILL),
             *SMALL, f"logging.output_dir={out}", *run_port_overrides()]
 
 

@@ -13,11 +13,10 @@ import pytest
 
 from asyncvla.launch import preflight
 from asyncvla.common.config import load_config
+from tests.support.paths import MANISKILL, PIXEL
 from tests.support.ports import run_port_overrides
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIG = str(REPO / "configs" / "pixel_task.yaml")
-MANISKILL = str(REPO / "configs" / "maniskill.yaml")
+CONFIG = str(PIXEL)
 
 
 def cli(*args, timeout=120):
@@ -46,7 +45,7 @@ def recorded_run(tmp_path, cfg) -> Path:
 
     from asyncvla.common.config import to_dict
     from asyncvla.learner import checkpoint as ck
-    from tests.test_checkpoint import state_tag
+    from tests.support.checkpoints import state_tag
 
     state = {ck.CLIENT_KEY: {"step": 2, "config": to_dict(cfg), "ema": {"shadow": {"w": torch.ones(2)}}}}
     state_tag(tmp_path / "run" / "checkpoints", 2, {"zero_pp_rank_0_mp_rank_00_model_states.pt": state})
@@ -91,7 +90,7 @@ def test_a_camera_or_task_maniskill_lacks_stops_train_and_pipeline_before_any_pr
             ("train", "asyncvla: cannot start: ", "env.camera=hand_camera", camera),
             ("pipeline", "asyncvla pipeline: cannot start: ", "env.camera=hand_camera", camera),
             ("train", "asyncvla: cannot start: ", "env.id=PushCube-v9", "env.id='PushCube-v9' is not a ManiSkill3 task")):
-        r, took = cli(command, MANISKILL, *run_port_overrides(), f"logging.output_dir={tmp_path}", wrong)
+        r, took = cli(command, str(MANISKILL), *run_port_overrides(), f"logging.output_dir={tmp_path}", wrong)
         err = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(err) == 1 and err[0].startswith(prefix + said), r.stderr[-2000:]
         print(f"{command} {wrong}: refused in {took:.1f} s")

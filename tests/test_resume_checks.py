@@ -23,10 +23,10 @@ import pytest
 import torch
 
 from asyncvla.learner import checkpoint as ck
+from tests.support.engines import DIST_VARS
+from tests.support.paths import REPO
 from tests.support.ports import free_ports
 
-REPO = Path(__file__).resolve().parents[1]
-DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 WORLD = 2
 STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"          # rank 0's: the EMA weights are there
 SHARDS = [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(WORLD)]

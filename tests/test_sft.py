@@ -5,7 +5,6 @@ from_pretrained, `asyncvla eval` and `asyncvla export` take."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -14,22 +13,21 @@ from asyncvla.actors.collect import collect_demos, env_info
 from asyncvla.common.config import load_config
 from asyncvla.common.demos import write_demos
 from asyncvla.common.policy import VLAPolicy
+from tests.support.paths import PIXEL
 
-REPO = Path(__file__).resolve().parents[1]
-CFG = str(REPO / "configs" / "pixel_task.yaml")
 LORA = ["policy.is_lora=true", "policy.lora_rank=4"]
 
 
 def sft(tmp_path, demos, steps):
     return subprocess.run(
-        [sys.executable, "-m", "asyncvla.launch.cli", "sft", CFG, f"sft.data={demos}", f"sft.steps={steps}",
+        [sys.executable, "-m", "asyncvla.launch.cli", "sft", str(PIXEL), f"sft.data={demos}", f"sft.steps={steps}",
          "sft.save_interval=2", "sft.eval_interval=2", "sft.eval_episodes=4", "sft.batch_size=16",
          "sft.val_fraction=0.25", f"logging.output_dir={tmp_path}", "logging.experiment_name=s", *LORA],
         capture_output=True, text=True, timeout=300)
 
 
 def test_sft_trains_logs_resumes_and_writes_a_policy_eval_and_export_take(tmp_path):
-    cfg = load_config(CFG, LORA)
+    cfg = load_config(str(PIXEL), LORA)
     episodes, _ = collect_demos(cfg, num_episodes=8, action_noise=0.2, seed=5, num_envs=8)
     write_demos(tmp_path / "demos", episodes, env_info(cfg))
 

@@ -21,11 +21,12 @@ import time
 
 from asyncvla.common.signals import LAUNCHER_PID_ENV, descendants, process_start_time, python_module
 from asyncvla.launch.train import STOP_GRACE_S, learner_ranks
-from tests.test_e2e_system import REPO, latest_complete, scalars, small_run, start, stop, wait_for
+from tests.support.paths import PIXEL
+from tests.support.runs import latest_complete, scalars, small_run, start, stop, wait_for
 
 
 def train_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "asyncvla.launch.cli", "train", str(REPO / "configs/pixel_task.yaml"), *args]
+    return [sys.executable, "-m", "asyncvla.launch.cli", "train", str(PIXEL), *args]
 
 
 def run_overrides(tmp_path, name: str, *extra: str) -> list[str]:
@@ -281,7 +282,7 @@ def test_a_grandchild_exits_when_the_launcher_is_gone(tmp_path):
 def test_sigterm_to_the_pipeline_exits_143_saying_where_it_stopped(tmp_path):
     """`asyncvla pipeline` passes SIGTERM on to its stage and exits 128 + SIGTERM (143), not 130:
     a scheduler's stop reads as what it was. Here during the demonstrations."""
-    cmd = [sys.executable, "-m", "asyncvla.launch.cli", "pipeline", str(REPO / "configs/pixel_task.yaml"),
+    cmd = [sys.executable, "-m", "asyncvla.launch.cli", "pipeline", str(PIXEL),
            f"logging.output_dir={tmp_path}", "logging.experiment_name=pipe", "collect.num_episodes=1000000"]
     log = tmp_path / "pipeline.log"
     p = start(cmd, log)

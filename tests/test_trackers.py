@@ -15,17 +15,16 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests.support.paths import PIXEL, REPO
 from tests.support.ports import run_port_overrides
+from tests.support.runs import SMALL
 
-REPO = Path(__file__).resolve().parents[1]
-SMALL = ["learner.batch_trajectories=4", "learner.micro_batch_size=16", "actor.num_envs=4", "actor.rollout_length=4",
-         "launch.num_local_actors=1", "algorithm.num_minibatches=1", "algorithm.update_epochs=1",
-         "logging.progress=false"]
+TRACKED_RUN = [*SMALL, "launch.num_local_actors=1", "logging.progress=false"]
 
 
 def train(tmp_path: Path, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "train", str(REPO / "configs/pixel_task.yaml"),
-                           *SMALL, f"logging.output_dir={tmp_path}", "logging.experiment_name=run",
+    return subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "train", str(PIXEL),
+                           *TRACKED_RUN, f"logging.output_dir={tmp_path}", "logging.experiment_name=run",
                            *run_port_overrides(), *overrides],
                           cwd=REPO, capture_output=True, text=True, timeout=400, env=env)
 

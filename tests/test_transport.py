@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import logging
 import multiprocessing as mp
-import os
 import subprocess
 import sys
 import threading
@@ -19,17 +17,12 @@ import zmq
 
 from asyncvla.common import protocol as P
 from asyncvla.common import transport
-from asyncvla.common.config import TransportConfig
 from asyncvla.common.sockets import bound_endpoint
 from asyncvla.common.trajectory_channel import ack_count, ack_frame
+from tests.support.paths import REPO
 from tests.support.segments import make_segment, make_spec, process_token
+from tests.support.sockets import deep_list, hostile_requests, reasons_of, send_raw, tcfg, wait_until
 from tests.support.wire import header_of, pack_header
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def tcfg(**kw) -> TransportConfig:
-    return TransportConfig(**{"linger_ms": 200, **kw})
 
 
 def subscriber(endpoint: str, cfg, actor_id: str = "a", **kw) -> transport.WeightSubscriber:
@@ -40,15 +33,6 @@ def subscriber(endpoint: str, cfg, actor_id: str = "a", **kw) -> transport.Weigh
 @pytest.fixture(params=["tcp", "ipc"])
 def endpoint(request, tmp_path):
     return "tcp://127.0.0.1:*" if request.param == "tcp" else f"ipc://{tmp_path}/traj.sock"
-
-
-def wait_until(cond, timeout=10.0, step=0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(step)
-    return cond()
 
 
 def digest(seg: P.Segment) -> str:
@@ -72,7 +56,7 @@ def frame_of(arr: np.ndarray):
 def test_realistic_segment_round_trip_zero_copy(endpoint):
     spec = make_spec(T=16, B=8, H=128)
     seg = make_segment(spec)
-    cfg = tcfg()
+    cfg = tcfg(fast=False)
     receiver = transport.TrajectoryReceiver(cfg, 0, spec, endpoint=endpoint)
     sender = transport.TrajectorySender([receiver.endpoint], cfg)
     try:
@@ -97,7 +81,7 @@ def test_realistic_segment_round_trip_zero_copy(endpoint):
 def two_ranks():
     """(spec, [rank 0 and rank 1 receivers], a sender connected to both), connections complete."""
     spec = make_spec(T=2, B=1, H=8, L=4)
-    cfg = tcfg()
+    cfg = tcfg(fast=False)
     ranks = [transport.TrajectoryReceiver(cfg, r, spec, endpoint="tcp://127.0.0.1:*") for r in range(2)]
     sender = transport.TrajectorySender([r.endpoint for r in ranks], cfg)
     wait_until(lambda: False, timeout=0.3)
@@ -142,7 +126,7 @@ def test_in_flight_counts_segments_until_a_rank_takes_them(two_ranks):
 
 def test_a_rank_acks_what_it_took_at_once_with_one_count_per_actor():
     spec = make_spec(T=2, B=1, H=8, L=4, K=2, D=2)
-    cfg = tcfg()
+    cfg = tcfg(fast=False)
     rx = transport.TrajectoryReceiver(cfg, 0, spec, endpoint="tcp://127.0.0.1:*")
     senders = [transport.TrajectorySender([rx.endpoint], cfg) for _ in range(2)]
     ctx = zmq.Context()
@@ -176,7 +160,7 @@ def test_an_ack_never_counts_more_than_was_sent():
     ctx = zmq.Context()
     fake = ctx.socket(zmq.ROUTER)                 # a "learner" that acks far too much
     fake.bind("tcp://127.0.0.1:*")
-    sender = transport.TrajectorySender([bound_endpoint(fake)], tcfg())
+    sender = transport.TrajectorySender([bound_endpoint(fake)], tcfg(fast=False))
     try:
         spec = make_spec(T=2, B=1, H=8, L=4, K=2, D=2)
         for i in range(2):
@@ -249,7 +233,7 @@ def _fuzz_messages(spec, count, rng):
 
 def test_fuzzed_messages_are_counted_and_valid_ones_arrive_intact(caplog):
     spec = make_spec(T=4, B=2, H=16, L=8, K=2, D=3, S=3)
-    cfg = tcfg(max_message_mb=1, recv_hwm=64)
+    cfg = tcfg(fast=False, max_message_mb=1, recv_hwm=64)
     receiver = transport.TrajectoryReceiver(cfg, 0, spec, endpoint="tcp://127.0.0.1:*")
     accepted, errors, done = [], [], threading.Event()
 
@@ -307,42 +291,6 @@ def test_fuzzed_messages_are_counted_and_valid_ones_arrive_intact(caplog):
 
 
 # ---------------------------------------------------------------------- hostile peers, each channel
-def deep_list(depth: int) -> list:
-    """[[[...]]] `depth` lists deep: under msgpack's own limit, over what Python can recurse into."""
-    out = []
-    for _ in range(depth - 1):
-        out = [out]
-    return out
-
-
-def hostile_requests(kind: str, meta: dict) -> dict[str, list]:
-    """Bad messages a peer may send to a request server, each with the drop reason it must get."""
-    header = {"type": kind, "v": P.SCHEMA_VERSION, "meta": meta, "layout": []}
-    good = pack_header(header)
-    return {"too_deep": [pack_header({**header, "layout": deep_list(1000)})],
-            "too_deep ": [pack_header({**header, "meta": {**meta, "x": deep_list(1000)}})],
-            "bad_shape": [pack_header({**header, "layout": [["f", "uint8", [1 << 62, 1 << 62, 0]]]})],
-            "frame_count": [good] + [bytes(1000)] * 40,
-            "bad_header": [b"\xc1"]}
-
-
-def send_raw(endpoint: str, messages, settle_s: float = 0.0) -> None:
-    """Send multipart messages from a bare DEALER (what a hostile peer can do)."""
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.DEALER)
-    s.linger = 2000
-    s.connect(endpoint)
-    for frames in messages:
-        s.send_multipart(frames)
-    time.sleep(settle_s)
-    s.close()
-    ctx.term()
-
-
-def reasons_of(cases: dict) -> dict:
-    return dict(collections.Counter(k.strip() for k in cases))
-
-
 def in_action_range(seg: P.Segment, first: int, vocab: int) -> P.Segment:
     seg.arrays["action_tokens"] = seg.arrays["action_tokens"] % (vocab - first) + first
     return seg
@@ -367,7 +315,7 @@ def test_trajectory_receiver_drops_hostile_segments_and_keeps_serving():
              "frame_count": frames + [bytes(1000)] * 40,
              "bad_token": with_array("action_tokens", lambda a: a.__setitem__((0, 0, 0), 255)),
              "bad_reward": with_array("rewards", lambda a: a.__setitem__((0, 0), 3e38))}
-    cfg = tcfg()
+    cfg = tcfg(fast=False)
     receiver = transport.TrajectoryReceiver(cfg, 0, spec, endpoint="tcp://127.0.0.1:*")
     sender = transport.TrajectorySender([receiver.endpoint], cfg)
     try:
@@ -383,7 +331,7 @@ def test_trajectory_receiver_drops_hostile_segments_and_keeps_serving():
 
 
 def test_weight_server_drops_hostile_requests_and_keeps_serving():
-    cfg = tcfg()
+    cfg = tcfg(fast=False)
     server = transport.WeightServer(cfg, endpoint="tcp://127.0.0.1:*")
     server.publish(1, {"w": np.arange(4, dtype=np.float32)})
     cases = hostile_requests("get_weights", {"newer_than": -1, "wait_ms": 0})
@@ -417,7 +365,7 @@ BP_SPEC = make_spec(T=3, B=4, H=128, L=4)          # ~0.8 MB per segment (images
 
 
 def test_drop_oldest_bounds_memory_and_counts_every_segment():
-    cfg = tcfg(send_hwm=2, recv_hwm=2)
+    cfg = tcfg(fast=False, send_hwm=2, recv_hwm=2)
     receiver = transport.TrajectoryReceiver(cfg, 0, BP_SPEC, endpoint="tcp://127.0.0.1:*")
     sender = transport.TrajectorySender([receiver.endpoint], cfg, backpressure="drop_oldest")
     total = 300                                              # ~240 MB offered to a learner that reads nothing
@@ -447,7 +395,7 @@ def test_drop_oldest_bounds_memory_and_counts_every_segment():
 
 
 def test_block_mode_waits_with_bounded_memory_and_loses_nothing():
-    cfg = tcfg(send_hwm=2, recv_hwm=2)
+    cfg = tcfg(fast=False, send_hwm=2, recv_hwm=2)
     receiver = transport.TrajectoryReceiver(cfg, 0, BP_SPEC, endpoint="tcp://127.0.0.1:*")
     sender = transport.TrajectorySender([receiver.endpoint], cfg, backpressure="block")
     total = 80
@@ -479,7 +427,7 @@ def test_block_mode_waits_with_bounded_memory_and_loses_nothing():
 
 def _send_and_leave(endpoint: str, count: int, token: str) -> None:
     spec = make_spec(T=2, B=1, H=64, L=4)
-    sender = transport.TrajectorySender([endpoint], tcfg(linger_ms=10_000))
+    sender = transport.TrajectorySender([endpoint], tcfg(fast=False, linger_ms=10_000))
     for i in range(count):
         seg = make_segment(spec, B=1, seq=i, truncations=0)
         seg.meta["token"] = token                  # the learner's process gave it (not this one)
@@ -491,7 +439,7 @@ def test_an_actor_that_leaves_right_after_sending_loses_nothing():
     # A rank discards what it still queues from a peer that disconnected; close() waits until the
     # rank has taken (acked) everything, so a slow learner still gets every segment.
     spec = make_spec(T=2, B=1, H=64, L=4)
-    receiver = transport.TrajectoryReceiver(tcfg(), 0, spec, endpoint="tcp://127.0.0.1:*")
+    receiver = transport.TrajectoryReceiver(tcfg(fast=False), 0, spec, endpoint="tcp://127.0.0.1:*")
     proc = mp.get_context("spawn").Process(target=_send_and_leave,
                                            args=(receiver.endpoint, 300, process_token("actor-0")))
     proc.start()
@@ -508,7 +456,7 @@ def test_an_actor_that_leaves_right_after_sending_loses_nothing():
 
 
 def test_close_with_an_absent_learner_counts_unsent_as_dropped():
-    cfg = tcfg(linger_ms=100)
+    cfg = tcfg(fast=False, linger_ms=100)
     sender = transport.TrajectorySender(["tcp://127.0.0.1:9"], cfg, backpressure="drop_oldest")
     spec = make_spec(T=2, B=1, H=8, L=4)
     for i in range(10):
@@ -519,7 +467,7 @@ def test_close_with_an_absent_learner_counts_unsent_as_dropped():
 
 # ----------------------------------------------------------------------------------- weights
 def test_late_joiner_gets_the_newest_version_first_and_never_a_backlog():
-    cfg = tcfg()
+    cfg = tcfg(fast=False)
     server = transport.WeightServer(cfg, endpoint="tcp://127.0.0.1:*")
     for v in range(1, 8):
         server.publish(v, {"w": np.full(1000, v, np.float32)})
@@ -547,7 +495,7 @@ def test_subscriber_drops_invalid_weights_and_keeps_going():
     server = ctx.socket(zmq.ROUTER)              # a server that answers with garbage first
     server.linger = 0
     server.bind("tcp://127.0.0.1:*")
-    sub = subscriber(server.getsockopt(zmq.LAST_ENDPOINT).decode(), tcfg(), wait_s=0.2)
+    sub = subscriber(server.getsockopt(zmq.LAST_ENDPOINT).decode(), tcfg(fast=False), wait_s=0.2)
     huge = header_of(P.encode_weights(4, {"w": np.zeros(0, np.float32)})[0])
     huge["layout"][0][2] = [1 << 62, 1 << 62, 0]
     deep = {"type": "weights", "v": P.SCHEMA_VERSION, "meta": {"version": 4}, "layout": deep_list(1000)}
@@ -584,7 +532,7 @@ for s in subs:
 
 
 def test_weight_server_does_not_copy_the_payload_per_request():
-    cfg = tcfg()
+    cfg = tcfg(fast=False)
     server = transport.WeightServer(cfg, endpoint="tcp://127.0.0.1:*")
     payload = np.ones(16 << 20, np.float32)                  # 64 MB, pages touched
     base, peak = _rss(), 0

@@ -16,29 +16,15 @@ import zmq.auth
 
 from asyncvla.common import protocol as P
 from asyncvla.common import transport
-from asyncvla.common.config import TransportConfig
 from asyncvla.common.control import Registry
 from asyncvla.common.sockets import TransportError, bound_endpoint
 from asyncvla.launch import cli
+from tests.support.paths import REPO
 from tests.support.ports import free_ports, run_ports
-from tests.support.segments import make_segment, make_spec
-from tests.test_transport import REPO, deep_list, hostile_requests, reasons_of, send_raw, wait_until
+from tests.support.segments import make_segment
+from tests.support.sockets import (SPEC, deep_list, hostile_requests, reasons_of, send_raw, tcfg, wait_until,
+                                   welcome_fn_for)
 from tests.support.wire import pack_header
-
-FAST = dict(heartbeat_interval_s=0.1, heartbeat_timeout_s=1.5, reconnect_max_s=0.4, linger_ms=200)
-SPEC = make_spec(T=2, B=2, H=16, L=8, K=2, D=3)
-
-
-def tcfg(**kw) -> TransportConfig:
-    return TransportConfig(**{**FAST, **kw})
-
-
-def welcome_fn_for(endpoints, weights="tcp://127.0.0.1:1"):
-    def welcome(hello):
-        return {"config": {"transport": {"keys_dir": "/learner/only"}}, "trajectory_endpoints": endpoints,
-                "weights_endpoint": weights, "weight_version": 0, "policy": {"path": "/not/here"},
-                "rollout": {"segments_per_version": 1 + hello["num_envs"]}}
-    return welcome
 
 
 def free_tcp_endpoint() -> str:

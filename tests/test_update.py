@@ -11,7 +11,7 @@ hand computations (tests/ds_worker.py `update`):
 import numpy as np
 import pytest
 
-from tests.test_engine import launch
+from tests.support.engines import launch
 from tests import ds_worker as W
 
 
