@@ -281,35 +281,6 @@ def test_an_actor_without_keys_says_why_a_curve_learner_is_silent_and_gives_up(t
     assert time.monotonic() - started < 60 and control.counts()["joined_total"] == 0
 
 
-def test_without_keys_a_live_id_stays_with_its_process_and_a_restart_takes_it_at_once():
-    cfg = tcfg(heartbeat_timeout_s=30.0)       # nothing times out here: only connections decide
-    control = transport.ControlServer(cfg, welcome_fn_for(["tcp://127.0.0.1:2"]), endpoint="tcp://127.0.0.1:*")
-    actor = transport.LearnerClient(control.endpoint, "a", cfg)
-    impostor, crashed, restarted = (RawPeer(control.endpoint, cfg) for _ in range(3))
-    try:
-        assert actor.join(timeout=10) is not None
-        identity = control.registry.actors["a"].identity
-        reply = impostor.ask("hello", {"actor_id": "a", "host": "elsewhere", "pid": 99, "num_envs": 0})
-        assert reply.kind == "error" and "live in another process" in reply.meta["message"], reply.meta
-        assert control.stats["invalid"]["id_taken"] == 1
-        assert control.registry.actors["a"].identity == identity and control.counts()["replaced_total"] == 0
-        time.sleep(0.5)
-        assert actor.learner_alive                  # the real actor heartbeats on, undisturbed
-
-        # A process that dies without bye closes its connection: its successor takes the id at once.
-        hello_b = {"actor_id": "b", "host": "h", "pid": 1, "num_envs": 0}
-        assert crashed.ask("hello", hello_b).kind == "welcome"
-        crashed.close()
-        time.sleep(0.3)                             # the learner's socket sees the connection close
-        reply = restarted.ask("hello", {**hello_b, "pid": 2})
-        assert reply is not None and reply.kind == "welcome", reply and reply.meta
-        assert control.counts()["replaced_total"] == 1 and control.counts()["alive"] == 2
-    finally:
-        for c in (actor, impostor, restarted):
-            c.close()
-        control.close()
-
-
 # ---------------------------------------------------------------------- the run's join secret
 def test_without_keys_only_holders_of_the_run_s_join_secret_may_say_hello(tmp_path):
     """RUN/join_secret is drawn once (0600) and kept; a control server given it refuses a hello

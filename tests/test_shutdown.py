@@ -1,9 +1,8 @@
 """Stopping `asyncvla train`, on real processes: a DeepSpeed learner on CPU, a local actor and the
 evaluator over loopback.
 
-* Ctrl-C (SIGINT to the launcher): the learner finishes its update, writes a final checkpoint
-  (with no periodic one configured), tells the actor, and the launcher exits with 130 well within
-  the grace period, naming the checkpoint; `--resume RUN` continues from it.
+* A learner without actors says so; Ctrl-C then ends the run with 130 and one line (the other
+  stops, Ctrl-C with its final checkpoint and resume included, are rows of the fault suite).
 * a learner still running after --stop-grace-s is killed with the whole run.
 * SIGKILL to the launcher: within 5 s no process of the run is left — the deepspeed runner and
   its per-node launcher, the learner rank (a grandchild), the actor, the evaluator, and whatever
@@ -13,7 +12,6 @@ evaluator over loopback.
 """
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -22,7 +20,7 @@ import time
 from asyncvla.common.signals import LAUNCHER_PID_ENV, descendants, process_start_time, python_module
 from asyncvla.launch.train import STOP_GRACE_S, learner_ranks
 from tests.support.paths import PIXEL
-from tests.support.runs import latest_complete, scalars, small_run, start, stop, wait_for
+from tests.support.runs import scalars, small_run, start, stop, wait_for
 
 
 def train_cmd(*args: str) -> list[str]:
@@ -59,65 +57,6 @@ def alive(procs: dict) -> dict:
 def kill_left(procs: dict) -> None:
     for p in alive(procs):
         os.kill(p, signal.SIGKILL)
-
-
-def test_ctrl_c_saves_a_final_checkpoint_and_the_run_resumes_from_it(tmp_path):
-    run, log = tmp_path / "stop", tmp_path / "train.log"
-    train = start(train_cmd(*run_overrides(tmp_path, "stop")), log)
-    procs = {}
-    try:
-        wait_for(trained(run, 2), 240, "two updates", [train])
-        procs = tree(train.pid)
-        assert not list((run / "checkpoints").glob("step_*"))   # save_interval=0: nothing saved yet
-        t0 = time.time()
-        train.send_signal(signal.SIGINT)
-        code = train.wait(timeout=STOP_GRACE_S + 30)
-        took = time.time() - t0
-    finally:
-        stop(train)
-        kill_left(procs)
-    out = log.read_text()
-    assert code == 130, out[-4000:]                              # stopped by Ctrl-C, not finished
-    assert took < STOP_GRACE_S, (took, out[-4000:])
-    assert "stop requested: ending at step" in out               # the learner stopped at a boundary ...
-    assert "finished training" in out                            # ... and told the actor
-    saved = latest_complete(run)
-    assert saved >= 2, out[-4000:]
-    assert f"final checkpoint {run / 'checkpoints' / f'step_{saved:08d}'}" in out
-    assert f"--resume {run}" in out
-    assert not alive(procs), alive(procs)                         # the launcher left nothing behind
-
-    again_log = tmp_path / "resume.log"
-    again = start(train_cmd(*run_overrides(tmp_path, "stop", f"learner.max_steps={saved + 2}",
-                                           "eval.eval_interval=0"), "--resume", str(run)), again_log)
-    try:
-        assert again.wait(timeout=300) == 0, again_log.read_text()[-4000:]
-    finally:
-        stop(again)
-    out = again_log.read_text()
-    assert f"at step {saved}, version {saved}" in out, out[-4000:]      # "resumed from ... at step N"
-    assert latest_complete(run) == saved + 2
-    assert max(scalars(run, "rollout/version").values()) == saved + 2
-    assert "asyncvla: finished by its budget at update" in out, out[-3000:]
-
-    # Resumed from the older tag and stopped before an update (no actor): that tag's branch is the
-    # run's; the launcher names it, never the abandoned branch's newer tag, which is kept aside.
-    older, newer = (run / "checkpoints" / f"step_{s:08d}" for s in (saved, saved + 2))
-    branch_log = tmp_path / "branch.log"
-    branch = start(train_cmd(*run_overrides(tmp_path, "stop", "launch.num_local_actors=0", "eval.eval_interval=0"),
-                             "--resume", str(older)), branch_log)
-    try:
-        wait_for(lambda: f"resumed from {older}" in branch_log.read_text(), 240, "the resume", [branch])
-        branch.send_signal(signal.SIGINT)
-        code = branch.wait(timeout=STOP_GRACE_S + 30)
-    finally:
-        stop(branch)
-    out = branch_log.read_text()
-    assert code == 130, out[-4000:]
-    assert f"asyncvla: stopped by SIGINT at update {saved}; final checkpoint {older}; it holds step {saved}" in out, \
-        out[-3000:]
-    assert str(newer) not in out and latest_complete(run) == saved and not newer.exists()
-    assert [p.name for p in (run / "checkpoints" / "abandoned").glob("*/step_*")] == [newer.name]
 
 
 def test_a_killed_launcher_leaves_no_process_behind(tmp_path):
@@ -168,67 +107,27 @@ def test_a_learner_still_busy_after_the_grace_period_is_killed(tmp_path):
     assert not alive(procs), alive(procs)
 
 
-def test_a_stopped_actor_is_restarted_a_killed_evaluator_too_and_a_starving_learner_says_so(tmp_path):
-    """An actor that exits while the learner trains (here SIGTERM: exit 143, not the 0 of the
-    learner's "shutdown") is restarted; meanwhile the learner, fed by nobody, names the actor it
-    last heard from; an evaluator killed with SIGKILL is reported and restarted once; a Ctrl-C then
-    ends the run with 130."""
-    run, log = tmp_path / "restart", tmp_path / "train.log"
-    train = start(train_cmd(*run_overrides(tmp_path, "restart", "learner.starvation_timeout_s=1")), log)
+def test_a_learner_without_actors_says_so_and_ctrl_c_ends_it_with_130_and_one_line(tmp_path):
+    """A learner with no actor at all says so while it waits; a Ctrl-C then ends the run as any
+    stopped run does, before its first update. (Ctrl-C during start-up, an actor's SIGTERM and
+    restart, an evaluator's SIGKILL, a starving learner that names its actor and the launcher's
+    SIGINT with its final checkpoint and resume are rows of the fault suite, tests/test_faults.py.)"""
+    run, log = tmp_path / "starving", tmp_path / "starving.log"
+    overrides = run_overrides(tmp_path, "starving", "launch.num_local_actors=0", "eval.eval_interval=0",
+                              "learner.starvation_timeout_s=1")
+    train = start(train_cmd(*overrides), log)
     procs = {}
     try:
-        wait_for(trained(run, 1), 240, "an update", [train])
-        procs = tree(train.pid)
-        actor = next(p for p, (_, m) in procs.items() if m == "asyncvla.launch.cli")
-        evaluator = next(p for p, (_, m) in procs.items() if m == "asyncvla.launch.evaluator")
-        os.kill(actor, signal.SIGTERM)
-        wait_for(lambda: "actor 0 exited with 143 (SIGTERM); restart 1/5" in log.read_text(), 120,
-                 "the actor's restart", [train])
-        wait_for(lambda: re.search(r"rank 0: no segment for \d+ s .*last heard from local-0", log.read_text()),
-                 120, "the learner's starvation line", [train])
-        os.kill(evaluator, signal.SIGKILL)
-        wait_for(lambda: "the evaluator exited with -9 (SIGKILL); restarting it (1/1)" in log.read_text(), 60,
-                 "the evaluator's restart", [train])
-        done = max(scalars(run, "rollout/version").values())
-        wait_for(trained(run, done + 2), 240, "two more updates from the restarted actor", [train])
+        wait_for(lambda: "no actor has sent one yet" in log.read_text(), 240, "the starvation line", [train])
         code, procs = interrupt(train)
     finally:
         stop(train)
         kill_left(procs)
     out = log.read_text()
-    assert code == 130, out[-4000:]
-    assert re.search(r"asyncvla: stopped by SIGINT at update \d+; final checkpoint", out), out[-3000:]
-    assert "Traceback" not in out, out[-4000:]
-
-
-def test_ctrl_c_during_start_up_ends_the_run_with_130_and_one_line(tmp_path):
-    """A learner rank that is still importing is not sent the stop it would die of: it gets it once
-    its handler is in place, and the run ends as any stopped run does, before its first update.
-    A learner with no actor at all says so while it waits."""
-    lines = {}
-    for name, ready in (("start-up", lambda procs: any(m == "asyncvla.learner.main" for _, m in procs.values())),
-                        ("starving", None)):
-        run, log = tmp_path / name, tmp_path / f"{name}.log"
-        overrides = run_overrides(tmp_path, name, "launch.num_local_actors=0", "eval.eval_interval=0",
-                                  "learner.starvation_timeout_s=1")
-        train = start(train_cmd(*overrides), log)
-        procs = {}
-        try:
-            if ready is not None:                         # Ctrl-C as soon as a rank process exists
-                wait_for(lambda: ready(tree(train.pid)), 120, "a learner rank process", [train])
-            else:
-                wait_for(lambda: "no actor has sent one yet" in log.read_text(), 240, "the starvation line", [train])
-            code, procs = interrupt(train)
-        finally:
-            stop(train)
-            kill_left(procs)
-        out = log.read_text()
-        assert code == 130, (name, out[-4000:])
-        assert "Traceback" not in out, (name, out[-4000:])
-        lines[name] = [ln for ln in out.splitlines() if ln.startswith("asyncvla: stopped by")]
-        assert not alive(procs), alive(procs)
-    for name, got in lines.items():
-        assert got == ["asyncvla: stopped by SIGINT before the first update: no checkpoint to resume from"], (name, got)
+    assert code == 130 and "Traceback" not in out, out[-4000:]
+    assert [ln for ln in out.splitlines() if ln.startswith("asyncvla: stopped by")] == \
+        ["asyncvla: stopped by SIGINT before the first update: no checkpoint to resume from"]
+    assert not alive(procs), alive(procs)
 
 
 # ------------------------------------------------------------------- the mechanisms, bare
