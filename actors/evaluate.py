@@ -63,7 +63,7 @@ def evaluate_policy(policy, env_cfg, policy_cfg, episodes: int, greedy: bool = T
     finally:
         env.close()
     summary = summarize(records)
-    summary.update(env_id=env_cfg.id, greedy=greedy, seed=seed, num_envs=num_envs,
+    summary.update(env_id=env_cfg.id, greedy=greedy, temperature=policy.temperature, seed=seed, num_envs=num_envs,
                    eval_s=round(time.perf_counter() - t0, 3), episodes=records)
     return summary
 
@@ -150,7 +150,8 @@ def normal_interval(values, z: float = Z95) -> list[float] | None:
 def format_summary(s: dict) -> str:
     def ci(lo_hi, fmt):
         return "[n/a]" if lo_hi is None else f"[{lo_hi[0]:{fmt}}, {lo_hi[1]:{fmt}}]"
-    mode = "greedy" if s["greedy"] else "sampled"
+    mode = "greedy" if s["greedy"] else f"sampled at temperature {s['temperature']:g}" if "temperature" in s \
+        else "sampled"
     return "\n".join([
         f"{s['env_id']}: {s['num_episodes']} episodes ({mode} actions, seed {s['seed']}, "
         f"{s['eval_s']:.1f} s)",

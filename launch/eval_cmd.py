@@ -27,6 +27,8 @@ def add_parser(sub) -> None:
     mode.add_argument("--greedy", dest="greedy", action="store_true", default=None,
                       help="take the most likely action tokens (default: the run's eval.greedy)")
     mode.add_argument("--sample", dest="greedy", action="store_false", help="sample the action tokens")
+    p.add_argument("--temperature", type=float, help="sample at this temperature (default: the policy's "
+                   "policy.temperature, as its actors sampled)")
     p.add_argument("--seed", type=int, help="seed of the initial states (default: the run's env.seed)")
     p.add_argument("--weights", choices=["trained", "ema"], default="trained",
                    help="of a checkpoint: the learner's weights (default) or the published EMA ones")
@@ -49,8 +51,12 @@ def run(args) -> int:
         for flag in ("episodes", "num_envs"):
             if getattr(args, flag) is not None and getattr(args, flag) < 1:
                 raise ConfigError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
+        if args.temperature is not None and not args.temperature > 0:
+            raise ConfigError(f"--temperature={args.temperature} must be > 0")
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         policy, cfg, source = load_policy(args.path, args.weights, device)
+        if args.temperature is not None:           # (only how this evaluation samples)
+            policy.cfg = dataclasses.replace(policy.cfg, temperature=args.temperature)
         if cfg is None:
             if not args.env:
                 raise ConfigError(f"'{args.path}' holds no config.yaml to take the env from; give --env ID")

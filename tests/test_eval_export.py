@@ -172,12 +172,14 @@ def test_eval_on_the_pixel_task_writes_summary_and_videos(tmp_path):
 def test_eval_of_a_checkpoint_with_ema_weights(trained_run, tmp_path):
     run, tag, _ = trained_run
     out = tmp_path / "s.json"
-    assert cli.main(["eval", str(run), "--episodes", "2", "--weights", "ema", "--sample",
+    assert cli.main(["eval", str(run), "--episodes", "2", "--weights", "ema", "--sample", "--temperature", "0.25",
                      "--out", str(out)]) == 0
     s = json.loads(out.read_text())
     assert s["policy"] == {"kind": "checkpoint", "path": str(tag), "step": W.POLICY_UPDATES,
                            "version": W.POLICY_UPDATES, "weights": "ema"}
     assert s["env_id"] == "PixelReach-v0" and not s["greedy"] and s["num_episodes"] == 2
+    assert s["temperature"] == 0.25                               # how this evaluation sampled
+    assert cli.main(["eval", str(run), "--temperature", "0"]) == 2
 
 
 def test_an_evaluator_that_joins_after_the_learner_finished_evaluates_its_final_checkpoint(trained_run, tmp_path):
