@@ -37,6 +37,9 @@ The arms (full: sync, async and the two large-lag ones; --arms picks any):
     async_flow_noise   the same with Flow-Noise (ReinFlow: every denoising step Gaussian, learned std)
     async_parallel     async with the parallel token head (policy.action_head=parallel), from its warm start
     async_gaussian     async with the Gaussian head (policy.action_head=gaussian), from its warm start
+    grpo, sync_grpo    GRPO (algorithm.adv_type=grpo: groups of episodes from one initial state, no
+                       critic), asynchronous / in series: with sync and async, GRPO vs V-trace and
+                       async vs sync read off one table (e.g. --task maniskill --arms sync,async,sync_grpo,grpo)
 Seeds run in turn, every arm within a seed, so that drift in the machine's load falls on all arms.
 
 Two cost profiles (--profile):
@@ -108,7 +111,10 @@ ARMS = {"sync": ["--sync"],
                              "policy.flow.noise_method=flow_noise"],
         # the parallel token head and the Gaussian head, each from its own warm start
         "async_parallel": ["algorithm.policy_loss=behavior_clip", "policy.action_head=parallel"],
-        "async_gaussian": ["algorithm.policy_loss=behavior_clip", "policy.action_head=gaussian"]}
+        "async_gaussian": ["algorithm.policy_loss=behavior_clip", "policy.action_head=gaussian"],
+        # critic-free group-relative advantages (algorithm.adv_type=grpo), asynchronous and in series
+        "grpo": ["algorithm.adv_type=grpo"],
+        "sync_grpo": ["--sync", "algorithm.adv_type=grpo"]}
 FULL_ARMS = ("sync", "async", "async_lag4", "async_lag4_nocorr")     # --arms adds the others
 QUICK_ARMS = ("sync", "async")
 PROFILES = ("model", "plain")
@@ -265,7 +271,7 @@ def stop_rule(t: Task, quick: bool, profile: str) -> dict[str, list[str]]:
                 f"learner.max_steps={t.max_updates[quick]}"]
         return {arm: rule for arm in ARMS}
     budgets = t.budgets[quick, profile]
-    return {arm: [f"learner.max_time_s={budgets['sync' if arm == 'sync' else 'async']}"] for arm in ARMS}
+    return {arm: [f"learner.max_time_s={budgets['sync' if '--sync' in ARMS[arm] else 'async']}"] for arm in ARMS}
 
 
 def publish_interval(arm: str) -> int:
