@@ -570,15 +570,36 @@ def _state_files(engine, tag_dir: Path) -> tuple[str, str]:
 def _optimizer_tensors(engine):
     """(name, tensor) of this rank's optimizer state: each master tensor the optimizer inside
     DeepSpeed's wrapper steps (under ZeRO this rank's flat partition of a param group; ZeRO-3 hands
-    them to its param groups only during a step) and its state (Adam's moments)."""
+    them to its param groups only during a step) and its state (Adam's moments), without the
+    padding ZeRO-3 never writes (see `_written`)."""
     import torch
 
     inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
     for k, (master, state) in enumerate(inner.state.items()):
-        yield f"master tensor {k}", master
+        written = _written(engine.optimizer, master)
+        yield f"master tensor {k}", written(master)
         for key, value in state.items():
             if torch.is_tensor(value):
-                yield f"{key} of master tensor {k}", value
+                yield f"{key} of master tensor {k}", written(value) if value.shape == master.shape else value
+
+
+def _written(optimizer, master):
+    """A function that keeps, of a tensor shaped as `master`, the elements that hold values. A ZeRO-3
+    master tensor concatenates its params' local partitions, whose ends on the last ranks are padding
+    DeepSpeed allocates but never writes (NaN now and then, as `publish.partition_elements` says)."""
+    import torch
+
+    from asyncvla.learner.publish import partition_elements
+
+    flats = getattr(optimizer, "fp32_partitioned_groups_flat", None) or []
+    group = next((optimizer.fp16_groups[i] for i, flat in enumerate(flats) if flat is master), None)
+    if group is None or sum(p.partition_numel() for p in group) != master.numel():
+        return lambda t: t                                   # not ZeRO-3's layout: all of it holds values
+    spans, offset = [], 0
+    for p in group:
+        spans.append((offset, partition_elements(p).numel()))
+        offset += p.partition_numel()
+    return lambda t: torch.cat([t.narrow(0, start, n) for start, n in spans])
 
 
 def _earlier_complete(tag_dir: Path) -> Path | None:
