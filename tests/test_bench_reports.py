@@ -159,3 +159,49 @@ def test_a_benchmarks_cached_stages_go_beside_its_json(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["fake", "--out", str(tmp_path / "second" / "fake.json")])
     report.main(fake)
     assert seen == [tmp_path / "second"] and (tmp_path / "second" / "fake.json").exists()
+
+
+def test_the_gpu_node_script_dry_run_checks_the_config_and_names_both_arms(tmp_path):
+    """tests/benchmarks/gpu_node.sh --dry-run on this machine: the GPU profile's config loads with
+    each arm's overrides, and the JSON lists the commands and the fields a real run reports."""
+    import json
+    import subprocess
+
+    from tests.benchmarks import async_sync
+    from tests.support.paths import REPO
+
+    r = subprocess.run(["bash", "tests/benchmarks/gpu_node.sh", str(tmp_path), "--dry-run", "--time-s", "90"],
+                       cwd=REPO, env={**__import__("os").environ, "PYTHON": sys.executable},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads((tmp_path / "async_sync_gpu.json").read_text())["results"]
+    assert got["dry_run"] and got["device"] == "cuda" and got["config"] == "configs/maniskill_gpu.yaml"
+    for mode, sync in (("sync", "true"), ("async", "false")):
+        assert {f"launch.sync={sync}", "actor.device=cuda", "learner.max_time_s=90.0"} <= set(got["overrides"][mode])
+        assert f"{mode}: asyncvla train configs/maniskill_gpu.yaml" in r.stdout
+    assert got["samples_per_update"] == 24 * 16                  # the config's batch: 24 trajectories x 16 steps
+    assert got["schema"] == {"arm": list(async_sync.ARM_FIELDS), "overlap": list(async_sync.OVERLAP_FIELDS)}
+
+
+def test_an_arm_reports_every_field_the_schema_names():
+    """steady_state and overlap on made-up tensorboard scalars: the fields the dry run promises,
+    the window after the warm-up updates, and the bound from the sync arm's phase times."""
+    from tests.benchmarks import async_sync
+
+    def scalars(step_s, idle_s, period):
+        steps = range(1, 11)
+        return {"time/learner_step_s": [(u, 100 + u * period, step_s) for u in steps],
+                "time/learner_idle_s": [(u, 100 + u * period, idle_s) for u in steps],
+                "time/publish_s": [(u, 100 + u * period, 0.01) for u in steps],
+                "rollout/env_steps": [(u, 100 + u * period, 50.0 * u) for u in steps],
+                "rollout/policy_lag_mean": [(u, 100 + u * period, 1.0) for u in steps],
+                "rollout/policy_lag_max": [(u, 100 + u * period, 2.0) for u in steps]}
+
+    sync = async_sync.steady_state(scalars(2.0, 6.0, 8.0), samples_per_update=40)
+    asyn = async_sync.steady_state(scalars(2.1, 0.1, 6.0), samples_per_update=40)
+    extra = {"cpu", "gpu", "startup_s", "shutdown_s"}                # train_run adds these around the window
+    assert set(sync) | extra == set(async_sync.ARM_FIELDS)
+    assert sync["updates"] == 7 and sync["samples_per_s"] == 7 * 40 / (7 * 8.0) and sync["updates_per_s"] == 1 / 8
+    o = async_sync.overlap(sync, asyn, two_busy_cores=0.9)
+    assert set(o) == set(async_sync.OVERLAP_FIELDS)
+    assert o["bound"] == 8.0 / 6.0 and abs(o["speedup"] - 8.0 / 6.0) < 1e-12 and abs(o["fraction_of_bound"] - 1) < 1e-12
