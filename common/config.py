@@ -395,9 +395,25 @@ class CollectConfig:
 
 # ---------------------------------------------------------------------------------------- sft
 @dataclass
+class LeRobotConfig:
+    """How a dataset in LeRobot's format (sft.data names a directory with meta/info.json) maps onto
+    what the policy reads (common/lerobot/read.py)."""
+    camera: Optional[str] = opt(None, "the video feature the policy sees (e.g. observation.images.top); "
+                                "null: the first video feature in meta/info.json")
+    state: List[str] = opt(["observation.state"], "features concatenated, in this order, into the robot "
+                           "state (read only when policy.state_dim > 0)")
+    action: str = opt("action", "the feature holding the actions (policy.action_dim values per frame)")
+    action_norm: str = opt("stats", "stats: map each action dimension from the dataset's own [q01, q99] "
+                           "(meta/stats.json; [min, max] where it has no quantiles) onto [-1, 1], "
+                           "clipped; none: take the actions as they are (they must lie in [-1, 1])",
+                           choices=["stats", "none"])
+
+
+@dataclass
 class SFTConfig:
     data: Optional[str] = opt(None, "demonstrations: a directory with trajectory.h5 + trajectory.json "
-                              "(ManiSkill's format, e.g. from `asyncvla collect`) or the .h5 file")
+                              "(ManiSkill's format, e.g. from `asyncvla collect`) or the .h5 file, or "
+                              "a LeRobot dataset directory (v2.1 or v3.0: meta/info.json; sft.lerobot)")
     max_demo_steps: Optional[int] = opt(None, "use at most this many demo steps (whole episodes, in "
                                         "file order; null: all)", ge=1)
     steps: int = opt(300, "optimizer steps", ge=1)
@@ -421,6 +437,7 @@ class SFTConfig:
     augment_shift: int = opt(0, "random-shift augmentation: pad each training image by this many "
                              "edge pixels and crop it back at a random offset (DrQ; 0 = none)", ge=0)
     seed: int = opt(0, "seed of the split and of the minibatch order", ge=0)
+    lerobot: LeRobotConfig = field(default_factory=LeRobotConfig)
 
 
 # ------------------------------------------------------------------------------------ launch
