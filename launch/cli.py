@@ -13,6 +13,7 @@ import sys
 # Subcommand modules, in the order `asyncvla --help` lists them.
 SUBCOMMANDS = [
     "asyncvla.launch.collect_cmd",
+    "asyncvla.launch.convert_cmd",
     "asyncvla.launch.sft_cmd",
     "asyncvla.launch.train",
     "asyncvla.launch.pipeline",

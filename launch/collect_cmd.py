@@ -14,6 +14,8 @@ collect.method=motion_planning (`auto`'s for ManiSkill tasks): ManiSkill's own m
 Only successful episodes are kept; the line at the end gives their share. The output is ManiSkill's trajectory format,
 DIR/trajectory.h5 + DIR/trajectory.json, with images at the policy's size (policy.image_size), the
 instruction of each episode and its seed; `asyncvla sft CONFIG sft.data=DIR` reads it.
+--format lerobot writes a LeRobot v3.0 dataset instead (H.264 video at --fps; common/lerobot/write.py),
+which `asyncvla sft` reads as well and LeRobot's own tools open.
 """
 
 from __future__ import annotations
@@ -30,7 +32,15 @@ def add_parser(sub) -> None:
     p.add_argument("--episodes", type=int, help="successful episodes to keep (collect.num_episodes)")
     p.add_argument("--noise", type=float, help="share of random executed actions (collect.action_noise)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--format", choices=["maniskill", "lerobot"], default="maniskill",
+                   help="maniskill: trajectory.h5 + .json (default); lerobot: a LeRobot v3.0 dataset")
+    p.add_argument("--fps", type=int, default=LEROBOT_FPS,
+                   help=f"--format lerobot: frames per second recorded (default {LEROBOT_FPS}: ManiSkill's "
+                        "tabletop tasks act at 20 Hz)")
     p.set_defaults(func=run)
+
+
+LEROBOT_FPS = 20
 
 
 def run(args) -> int:
@@ -43,7 +53,9 @@ def run(args) -> int:
         overrides.append(f"collect.action_noise={args.noise}")
     try:
         cfg = load_config(args.config, overrides)
-        stats = collect(cfg, args.out)
+        if args.fps < 1:
+            raise ValueError(f"--fps={args.fps}: allowed: an integer >= 1")
+        stats = collect(cfg, args.out, args.format, args.fps)
     except (ConfigError, ValueError) as e:
         print(f"asyncvla collect: {e}", file=sys.stderr)
         return 2
@@ -54,8 +66,9 @@ def run(args) -> int:
     return 0
 
 
-def collect(cfg, out_dir) -> dict:
-    """Record cfg.collect.num_episodes demonstrations into out_dir; returns the counts."""
+def collect(cfg, out_dir, fmt: str = "maniskill", fps: int = LEROBOT_FPS) -> dict:
+    """Record cfg.collect.num_episodes demonstrations into out_dir (`fmt`: maniskill or lerobot);
+    returns the counts."""
     from tqdm import tqdm
 
     from pathlib import Path
@@ -91,6 +104,11 @@ def collect(cfg, out_dir) -> dict:
                                                       c.num_procs, progress=bar.update, say=bar.write)
         source = ("motionplanning", f"ManiSkill's motion-planning solution of {cfg.env.id}, converted to "
                                     f"{cfg.env.control_mode} by mani_skill.trajectory.replay_trajectory")
-    write_demos(out_dir, episodes, env_info(cfg), camera=cfg.env.camera, source_type=source[0],
-                source_desc=source[1])
+    if fmt == "lerobot":
+        from asyncvla.common.lerobot.write import write_lerobot
+        from asyncvla.launch.sft_cmd import default_instruction
+        write_lerobot(out_dir, episodes, fps=fps, camera=cfg.env.camera, default_task=default_instruction(cfg))
+    else:
+        write_demos(out_dir, episodes, env_info(cfg), camera=cfg.env.camera, source_type=source[0],
+                    source_desc=source[1])
     return stats

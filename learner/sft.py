@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from asyncvla.common.config import Config, to_dict, to_yaml
 from asyncvla.common.demos import DemoSpec, camera_settings, read_demos
+from asyncvla.common.lerobot import is_lerobot
 from asyncvla.common.policy import VLAPolicy
 from asyncvla.common.rundir import run_dir
 from asyncvla.common.trackers import open_trackers
@@ -57,6 +58,21 @@ def demo_spec(cfg: Config) -> DemoSpec:
                     action_dim=cfg.policy.action_dim, control_mode=cfg.env.control_mode, env_id=cfg.env.id,
                     state_dim=cfg.policy.state_dim,
                     camera_settings=tuple(sorted(camera_settings(cfg.env).items())))
+
+
+def load_demos(cfg: Config, progress: bool = False) -> tuple[list, Optional[dict]]:
+    """The episodes of sft.data and how their actions were normalised (None: as recorded). A
+    directory with meta/info.json is a LeRobot dataset (sft.lerobot maps it), anything else
+    ManiSkill's trajectory files."""
+    sc = cfg.sft
+    if is_lerobot(sc.data):
+        from asyncvla.common.lerobot.read import LeRobotSource
+        source = LeRobotSource(sc.data, demo_spec(cfg), sc.lerobot)
+        if source.action_norm is not None:
+            log.info("LeRobot actions mapped from %s %s .. %s onto [-1, 1]", source.action_norm["source"],
+                     source.action_norm["low"], source.action_norm["high"])
+        return source.read(sc.max_demo_steps, progress), source.action_norm
+    return read_demos(sc.data, demo_spec(cfg), max_steps=sc.max_demo_steps), None
 
 
 def sft_loss(policy_loss: torch.Tensor, values: torch.Tensor, returns: torch.Tensor,
@@ -88,7 +104,7 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
     if sc.batch_size % world:
         raise ValueError(f"sft.batch_size={sc.batch_size} must be a multiple of the ranks ({world})")
 
-    episodes = read_demos(sc.data, demo_spec(cfg), max_steps=sc.max_demo_steps)
+    episodes, action_norm = load_demos(cfg, progress and rank == 0)
     samples = build_samples(episodes, cfg.policy.num_action_chunks, cfg.algorithm.gamma,
                             cfg.algorithm.reward_type, default_instruction or cfg.env.instruction)
     train, val = split_by_episode(samples, len(episodes), sc.val_fraction, sc.seed)
@@ -162,6 +178,9 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
         (policy_dir / "config.yaml").write_text(to_yaml(cfg))     # `asyncvla eval` takes the env from it
         summary = {"steps": step, "demo_episodes": len(episodes), "demo_steps": len(samples),
                    "history": history}
+        if action_norm is not None:      # the policy acts in [-1, 1]: this maps its actions back
+            summary["action_normalization"] = action_norm
+            (policy_dir / "action_normalization.json").write_text(json.dumps(action_norm, indent=2))
         (out / SUMMARY).write_text(json.dumps(summary, indent=2))
         writer.close()
     dist.barrier()
