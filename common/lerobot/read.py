@@ -53,7 +53,7 @@ class LeRobotSource:
             raise DemoError(f"{path}: codebase_version={version!r} is not supported; allowed: "
                             f"{', '.join(layout.VERSIONS)} (convert older datasets with lerobot's "
                             "convert_dataset_v21_to_v30 or v20_to_v21 scripts)")
-        for key in ("fps", "features"):
+        for key in ("fps", "features", "data_path", "video_path"):
             if key not in info:
                 raise DemoError(f"{path}: key '{key}' is missing")
         return info
@@ -124,6 +124,12 @@ class LeRobotSource:
                                 "is missing or the metadata is truncated")
         if len(records) != expected:
             raise DemoError(f"{where}: {len(records)} episodes; meta/info.json total_episodes={expected}")
+        needed = ["length"] if self.version == "v2.1" else [
+            "length", "data/chunk_index", "data/file_index"] + [
+            f"videos/{self.camera}/{k}" for k in ("chunk_index", "file_index", "from_timestamp")]
+        missing = [k for k in needed if records and k not in records[0]]
+        if missing:
+            raise DemoError(f"{where}: episode records lack {', '.join(missing)}; they have: {', '.join(records[0])}")
         return records
 
     def _action_norm(self, mode: str) -> Optional[dict]:
