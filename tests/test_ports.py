@@ -1,9 +1,14 @@
 """The tests' free ports: outside the kernel's ephemeral range, one slice per xdist worker, never
-handed out twice, and a run's trajectory port with the next ranks' ports free too."""
+handed out twice (across threads and processes), and a run's trajectory port with the next ranks'
+ports free too."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+import threading
 
 from tests.support import ports
 
@@ -39,3 +44,37 @@ def test_xdist_workers_get_disjoint_slices(monkeypatch):
         slices.append(set(ports._worker_pool()))
     assert all(len(s) > 1000 for s in slices)
     assert not (slices[0] & slices[1] or slices[1] & slices[2] or slices[0] & slices[2])
+
+
+def test_threads_taking_ports_at_once_get_distinct_ones():
+    """The fault suite starts several runs from threads at once: no two may share a port."""
+    got: list[dict] = []
+    start = threading.Barrier(4)
+
+    def take():
+        start.wait()
+        got.append(ports.run_ports())
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    held = [set(range(p, p + (ports.RANK_PORTS if key == "transport.trajectory_port" else 1)))
+            for run in got for key, p in run.items()]
+    assert len(got) == 4 and sum(map(len, held)) == len(set().union(*held))
+
+
+def test_a_port_claimed_by_a_living_process_is_skipped_and_a_dead_ones_taken_over():
+    """Processes on one xdist worker's slice (a test and the benchmark it starts) never share a port."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        port = ports._POOL[ports._cursor]
+        (ports._CLAIMS / str(port)).write_text(str(sleeper.pid))     # a living process's claim
+        assert ports.free_ports(1)[0] != port
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    (ports._CLAIMS / str(port)).write_text(str(sleeper.pid))         # now a dead process's claim
+    assert ports._claim(port)
+    assert (ports._CLAIMS / str(port)).read_text() == str(os.getpid())

@@ -5,13 +5,22 @@ connection on the machine takes its source port: one found free there can be tak
 before the run that was given it binds it. So the ports come from outside that range, each
 pytest-xdist worker from its own slice, in turn, and each is checked free as it is handed out; a
 run's trajectory port comes with its other ranks' ports (trajectory_port + r) free too.
+
+A port is handed out once per machine while its taker lives: the fault suite starts runs from
+several threads at once, and tests start benchmarks in processes of their own on the same slice.
+So taking is under a lock, and each port taken is claimed by a file (its taker's pid) in a shared
+folder; a claim whose process has died is taken over.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import socket
+import tempfile
+import threading
+from pathlib import Path
 
 # The ports one `asyncvla train` run binds, by config key (trajectory_port is rank 0's; rank r
 # binds trajectory_port + r).
@@ -44,6 +53,58 @@ def _worker_pool() -> list[int]:
 
 _POOL = _worker_pool()
 _cursor = random.randrange(len(_POOL))      # a fresh start per session: a run left over may hold the first ones
+_LOCK = threading.Lock()
+_CLAIMS = Path(tempfile.gettempdir()) / f"asyncvla-test-ports-{os.getuid() if hasattr(os, 'getuid') else 0}"
+_mine: list[Path] = []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:         # another user's process: alive
+        return True
+    return True
+
+
+def _claim(port: int) -> bool:
+    """Claim the port for this process, unless a living process has claimed it."""
+    _CLAIMS.mkdir(exist_ok=True)
+    path = _CLAIMS / str(port)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            try:
+                owner = int(path.read_text())
+            except (OSError, ValueError):       # being written this moment: held
+                return False
+            if owner == os.getpid() or _alive(owner):
+                return False
+            path.unlink(missing_ok=True)      # its process is gone: take it over
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        _mine.append(path)
+        return True
+    return False
+
+
+def _claim_all(block: list[int]) -> bool:
+    """Claim every port of the block, or none."""
+    for k, port in enumerate(block):
+        if not _claim(port):
+            for _ in range(k):                  # the ones this call claimed, last in _mine
+                _mine.pop().unlink(missing_ok=True)
+            return False
+    return True
+
+
+@atexit.register
+def _release() -> None:
+    for path in _mine:
+        path.unlink(missing_ok=True)
 
 
 def _is_free(port: int) -> bool:
@@ -59,12 +120,14 @@ def _is_free(port: int) -> bool:
 def _take(n: int) -> int:
     """The first port of the next n consecutive free ones in this worker's pool."""
     global _cursor
-    for _ in range(len(_POOL)):
-        i, _cursor = _cursor, (_cursor + 1) % len(_POOL)
-        block = _POOL[i:i + n]
-        if len(block) == n and block[-1] - block[0] == n - 1 and all(map(_is_free, block)):
-            _cursor = (i + n) % len(_POOL)
-            return block[0]
+    with _LOCK:
+        for _ in range(len(_POOL)):
+            i, _cursor = _cursor, (_cursor + 1) % len(_POOL)
+            block = _POOL[i:i + n]
+            if len(block) == n and block[-1] - block[0] == n - 1 and all(map(_is_free, block)) \
+                    and _claim_all(block):
+                _cursor = (i + n) % len(_POOL)
+                return block[0]
     raise RuntimeError(f"no {n} consecutive free TCP ports among this worker's {len(_POOL)}")
 
 
