@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -60,19 +61,35 @@ def demo_spec(cfg: Config) -> DemoSpec:
                     camera_settings=tuple(sorted(camera_settings(cfg.env).items())))
 
 
-def load_demos(cfg: Config, progress: bool = False) -> tuple[list, Optional[dict]]:
-    """The episodes of sft.data and how their actions were normalised (None: as recorded). A
-    directory with meta/info.json is a LeRobot dataset (sft.lerobot maps it), anything else
-    ManiSkill's trajectory files."""
-    sc = cfg.sft
-    if is_lerobot(sc.data):
-        from asyncvla.common.lerobot.read import LeRobotSource
-        source = LeRobotSource(sc.data, demo_spec(cfg), sc.lerobot)
-        if source.action_norm is not None:
-            log.info("LeRobot actions mapped from %s %s .. %s onto [-1, 1]", source.action_norm["source"],
-                     source.action_norm["low"], source.action_norm["high"])
-        return source.read(sc.max_demo_steps, progress), source.action_norm
-    return read_demos(sc.data, demo_spec(cfg), max_steps=sc.max_demo_steps), None
+def load_samples(cfg: Config, progress: bool = False,
+                 default_instruction: Optional[str] = None) -> tuple[SFTSamples, Optional[dict]]:
+    """The samples of sft.data's episodes and how their actions were normalised (None: as
+    recorded). A directory with meta/info.json is a LeRobot dataset (sft.lerobot maps it): its
+    episodes are decoded one at a time into a frame store on disk, so a dataset larger than memory
+    trains. Anything else is ManiSkill's trajectory files, read into memory."""
+    sc, K, gamma = cfg.sft, cfg.policy.num_action_chunks, cfg.algorithm.gamma
+    instruction = default_instruction or cfg.env.instruction
+    if not is_lerobot(sc.data):
+        episodes = read_demos(sc.data, demo_spec(cfg), max_steps=sc.max_demo_steps)
+        return build_samples(episodes, K, gamma, cfg.algorithm.reward_type, instruction), None
+    from asyncvla.common.lerobot.read import LeRobotSource
+    source = LeRobotSource(sc.data, demo_spec(cfg), sc.lerobot)
+    if source.action_norm is not None:
+        log.info("LeRobot actions mapped from %s %s .. %s onto [-1, 1]", source.action_norm["source"],
+                 source.action_norm["low"], source.action_norm["high"])
+    frames = frame_store(source.num_steps(sc.max_demo_steps), cfg.policy.image_size, sft_dir(cfg))
+    samples = build_samples(source.episodes(sc.max_demo_steps, progress), K, gamma, cfg.algorithm.reward_type,
+                            instruction, frames=frames)
+    return samples, source.action_norm
+
+
+def frame_store(count: int, size: int, directory: Path) -> np.ndarray:
+    """uint8 [count, size, size, 3] in a nameless temporary file in `directory`, mapped into memory:
+    the kernel keeps what fits in memory and reads the rest back as batches need it. The file is
+    gone when the process ends."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=directory) as f:      # (the mapping keeps it open)
+        return np.memmap(f, np.uint8, "w+", shape=(count, size, size, 3))
 
 
 def sft_loss(policy_loss: torch.Tensor, values: torch.Tensor, returns: torch.Tensor,
@@ -104,11 +121,10 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
     if sc.batch_size % world:
         raise ValueError(f"sft.batch_size={sc.batch_size} must be a multiple of the ranks ({world})")
 
-    episodes, action_norm = load_demos(cfg, progress and rank == 0)
-    samples = build_samples(episodes, cfg.policy.num_action_chunks, cfg.algorithm.gamma,
-                            cfg.algorithm.reward_type, default_instruction or cfg.env.instruction)
-    train, val = split_by_episode(samples, len(episodes), sc.val_fraction, sc.seed)
-    log.info("%d demo episodes, %d steps: %d train / %d validation samples", len(episodes),
+    samples, action_norm = load_samples(cfg, progress and rank == 0, default_instruction)
+    episodes = samples.num_episodes
+    train, val = split_by_episode(samples, episodes, sc.val_fraction, sc.seed)
+    log.info("%d demo episodes, %d steps: %d train / %d validation samples", episodes,
              len(samples), len(train), len(val) if val is not None else 0)
 
     torch.manual_seed(sc.seed)
@@ -116,7 +132,7 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
     if rank == 0 and not (init_dir / "policy.json").exists():
         policy_cfg = cfg.policy
         if sc.action_range == "q99":     # a saved policy (policy.pretrained_path) keeps its own range
-            low, high = action_range_q99(np.concatenate([e.actions for e in episodes]))
+            low, high = action_range_q99(samples.actions[:, 0])
             policy_cfg = dataclasses.replace(policy_cfg, action_low=low, action_high=high)
             log.info("action range from the demos (q01 .. q99): low %s high %s", low, high)
         VLAPolicy.build(policy_cfg).save_pretrained(init_dir)
@@ -126,7 +142,8 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
     per_rank = sc.batch_size // world
     accum = -(-per_rank // cfg.learner.micro_batch_size)
     engine = ds_engine.build_engine(policy, engine_cfg, gradient_accumulation_steps=accum)
-    ids, mask = _tokenize(policy, samples.instructions)
+    ids, mask = _tokenize(policy, train.instructions)          # rows of train, and of val below
+    val_text = _tokenize(policy, val.instructions) if val is not None else (None, None)
 
     step, history = 0, []
     latest = checkpoint.find_latest(out) if (out / checkpoint.CHECKPOINTS).exists() else None
@@ -155,7 +172,7 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
         if last or (sc.eval_interval and step % sc.eval_interval == 0):
             if evaluate is not None:       # (minutes on ManiSkill: say so rather than look stuck)
                 bar.set_description(f"sft: evaluating on {sc.eval_episodes} episodes", refresh=True)
-            record = _evaluate(engine, eval_policy, val, ids, mask, cfg, step, evaluate)
+            record = _evaluate(engine, eval_policy, val, *val_text, cfg, step, evaluate)
             bar.set_description("sft", refresh=False)
             record.update(step=step, wall_s=round(time.perf_counter() - t0, 1))
             history.append(record)
@@ -176,7 +193,7 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
         eval_policy.load_trainable_state_dict(weights)
         eval_policy.save_pretrained(policy_dir)
         (policy_dir / "config.yaml").write_text(to_yaml(cfg))     # `asyncvla eval` takes the env from it
-        summary = {"steps": step, "demo_episodes": len(episodes), "demo_steps": len(samples),
+        summary = {"steps": step, "demo_episodes": episodes, "demo_steps": len(samples),
                    "history": history}
         if action_norm is not None:      # the policy acts in [-1, 1]: this maps its actions back
             summary["action_normalization"] = action_norm
@@ -212,7 +229,7 @@ def _forward(engine, data: SFTSamples, index, ids, mask, cfg: Config, rng=None, 
     device = next(engine.module.parameters()).device
     t = lambda x: torch.as_tensor(np.ascontiguousarray(x), device=device)   # noqa: E731
     state = None if data.states is None else t(data.states[index])
-    images = data.images[index]
+    images = data.frames(index)
     if rng is not None:
         images = random_shift(images, cfg.sft.augment_shift, rng)
     gen = None

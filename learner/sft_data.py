@@ -16,6 +16,7 @@ steps gives T samples. The critic's target is the Monte-Carlo return in RL's own
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
@@ -24,20 +25,31 @@ from asyncvla.common.demos import DemoEpisode, DemoError, flat_states
 
 @dataclass
 class SFTSamples:
-    images: np.ndarray         # uint8 [n, H, W, 3]
+    images: np.ndarray         # uint8 [m, H, W, 3]: the frames (in memory or mapped from disk)
     instructions: list         # str per sample
     actions: np.ndarray        # float32 [n, K, D]
     returns: np.ndarray        # float32 [n]
     episode: np.ndarray        # int64 [n]: index of the demo episode it came from
     states: np.ndarray | None = None   # float32 [n, S]: the robot's state (env.use_proprio)
+    rows: np.ndarray | None = None     # int64 [n]: sample i's frame is images[rows[i]] (None: images[i])
 
     def __len__(self) -> int:
         return len(self.actions)
 
+    @property
+    def num_episodes(self) -> int:
+        return int(self.episode.max()) + 1 if len(self.episode) else 0
+
+    def frames(self, index: np.ndarray) -> np.ndarray:
+        """The images of samples `index`, read from wherever the frames live."""
+        return self.images[index if self.rows is None else self.rows[index]]
+
     def subset(self, index: np.ndarray) -> "SFTSamples":
-        return SFTSamples(self.images[index], [self.instructions[i] for i in index], self.actions[index],
+        """Samples `index`; the frames are shared, not copied (they may be larger than memory)."""
+        return SFTSamples(self.images, [self.instructions[i] for i in index], self.actions[index],
                           self.returns[index], self.episode[index],
-                          None if self.states is None else self.states[index])
+                          None if self.states is None else self.states[index],
+                          index if self.rows is None else self.rows[index])
 
 
 def action_range_q99(actions: np.ndarray, min_width: float = 1e-3) -> tuple[list[float], list[float]]:
@@ -76,18 +88,30 @@ def returns_to_go(rewards: np.ndarray, gamma: float, K: int, reward_type: str) -
     return out.astype(np.float32)
 
 
-def build_samples(episodes: list[DemoEpisode], K: int, gamma: float, reward_type: str,
-                  default_instruction: str | None) -> SFTSamples:
+def build_samples(episodes: Iterable[DemoEpisode], K: int, gamma: float, reward_type: str,
+                  default_instruction: str | None, frames: np.ndarray | None = None) -> SFTSamples:
     """Every step of every episode as a sample. Episodes without rewards get return 0 (the critic
-    warm-up then has nothing to learn from them: set sft.value_loss_coef=0)."""
+    warm-up then has nothing to learn from them: set sft.value_loss_coef=0).
+
+    frames: where the images go, uint8 [>= total steps, H, W, 3] (e.g. a file mapped into memory:
+    episodes then stream through, one at a time, and only the small columns stay in memory);
+    None: the episodes' images are concatenated in memory."""
     images, instr, chunks, rets, ep_index, states = [], [], [], [], [], []
+    filled = 0
     for i, ep in enumerate(episodes):
         text = ep.instruction or default_instruction
         if not text:
             raise DemoError(f"demo episode {ep.episode_id} has no instruction and the env has none "
                             "(set env.instruction)")
         T = ep.num_steps
-        images.append(ep.images[:T])
+        if frames is None:
+            images.append(ep.images[:T])
+        elif filled + T > len(frames):
+            raise DemoError(f"demo episode {ep.episode_id} does not fit: {filled + T} steps, "
+                            f"room for {len(frames)}")
+        else:
+            frames[filled:filled + T] = ep.images[:T]
+        filled += T
         instr += [text] * T
         chunks.append(action_chunks(ep.actions, K))
         rets.append(returns_to_go(ep.rewards, gamma, K, reward_type) if ep.rewards is not None
@@ -95,9 +119,12 @@ def build_samples(episodes: list[DemoEpisode], K: int, gamma: float, reward_type
         ep_index.append(np.full(T, i, np.int64))
         if ep.states:
             states.append(flat_states(ep.states)[:T])
-    if states and len(states) != len(episodes):
+    if states and len(states) != len(chunks):
         raise DemoError("some demo episodes carry a state (obs/agent, obs/extra) and others do not")
-    return SFTSamples(np.concatenate(images), instr, np.concatenate(chunks).astype(np.float32),
+    if not chunks:
+        raise DemoError("no demo episode to learn from")
+    return SFTSamples(np.concatenate(images) if frames is None else frames[:filled], instr,
+                      np.concatenate(chunks).astype(np.float32),
                       np.concatenate(rets), np.concatenate(ep_index),
                       np.concatenate(states) if states else None)
 

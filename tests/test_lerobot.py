@@ -19,7 +19,8 @@ from asyncvla.common.demos import DemoEpisode, DemoError, DemoSpec, flat_states,
 from asyncvla.common.lerobot.read import LeRobotSource
 from asyncvla.common.lerobot.write import write_lerobot
 from asyncvla.launch import cli
-from asyncvla.learner.sft import load_demos
+from asyncvla.learner.sft import load_samples
+from asyncvla.learner.sft_data import build_samples, split_by_episode
 from tests.support.paths import PIXEL
 
 SPEC = DemoSpec(image_size=64, action_dim=2, state_dim=5)
@@ -319,5 +320,38 @@ def test_sft_trains_on_a_lerobot_dataset(tmp_path):
     # A dataset whose actions the policy cannot take stops before any decoding, in one line (which
     # `asyncvla sft` prints, as it does every DemoError).
     with pytest.raises(DemoError) as e:
-        load_demos(load_config(str(PIXEL), [f"sft.data={tmp_path / 'ds'}", "policy.action_dim=3"]))
+        load_samples(load_config(str(PIXEL), [f"sft.data={tmp_path / 'ds'}", "policy.action_dim=3"]))
     assert "\n" not in str(e.value) and "policy.action_dim=3" in str(e.value) and "shape [2]" in str(e.value)
+
+
+def test_sft_samples_stream_from_disk(tmp_path):
+    """SFT decodes a LeRobot dataset one episode at a time into frames mapped from a file: the
+    memory it takes stays far below the dataset's frames, and the samples are those of the
+    episodes read whole into memory (instructions of several tasks kept with their frames)."""
+    import tracemalloc
+
+    lengths = (20,) * 30
+    write_lerobot(tmp_path / "ds", made_up_episodes(lengths), fps=10, camera="base_camera")
+    cfg = load_config(str(PIXEL), [f"sft.data={tmp_path / 'ds'}", "sft.lerobot.action_norm=none",
+                                   f"logging.output_dir={tmp_path}", "logging.experiment_name=s"])
+    tracemalloc.start()
+    samples, norm = load_samples(cfg)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    frame_bytes = sum(lengths) * 64 * 64 * 3
+    assert isinstance(samples.images, np.memmap) and norm is None
+    assert peak < frame_bytes / 4, f"peak {peak} B while loading {frame_bytes} B of frames"
+
+    whole = LeRobotSource(tmp_path / "ds", DemoSpec(image_size=64, action_dim=2), EXACT).read()
+    expected = build_samples(whole, cfg.policy.num_action_chunks, cfg.algorithm.gamma,
+                             cfg.algorithm.reward_type, None)
+    np.testing.assert_array_equal(samples.images, expected.images)
+    np.testing.assert_array_equal(samples.actions, expected.actions)
+    assert samples.instructions == expected.instructions and samples.num_episodes == 30
+
+    train, val = split_by_episode(samples, samples.num_episodes, 0.3, seed=1)
+    assert train.images is samples.images                   # a split shares the frames
+    rows = np.array([0, len(val) - 1])
+    np.testing.assert_array_equal(val.frames(rows), expected.images[np.flatnonzero(np.isin(
+        expected.episode, np.unique(val.episode)))[rows]])
+    assert [val.instructions[i] for i in rows] == [f"reach target {e % 2}" for e in val.episode[rows]]

@@ -178,12 +178,22 @@ class LeRobotSource:
                 total += int(rec["length"])
                 bar.update(1)
 
-    def read(self, max_steps: Optional[int] = None, progress: bool = False) -> list[DemoEpisode]:
-        episodes = list(self.episodes(max_steps, progress))
-        if not episodes:
+    def num_steps(self, max_steps: Optional[int] = None) -> int:
+        """The steps `episodes(max_steps)` yields, from the metadata; none is refused."""
+        total = 0
+        for rec in self.records:
+            if max_steps is not None and total + int(rec["length"]) > max_steps:
+                break
+            total += int(rec["length"])
+        if total == 0:
             raise DemoError(f"{self.root}: no episode to load" +
                             (f" within sft.max_demo_steps={max_steps}" if max_steps is not None else ""))
-        return episodes
+        return total
+
+    def read(self, max_steps: Optional[int] = None, progress: bool = False) -> list[DemoEpisode]:
+        """Every episode in memory at once (small datasets and tests; SFT streams `episodes`)."""
+        self.num_steps(max_steps)
+        return list(self.episodes(max_steps, progress))
 
     def _episode(self, rec: dict, data: "_DataFiles") -> DemoEpisode:
         n, T = int(rec["episode_index"]), int(rec["length"])
