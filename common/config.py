@@ -403,9 +403,9 @@ class LeRobotConfig:
     state: List[str] = opt(["observation.state"], "features concatenated, in this order, into the robot "
                            "state (read only when policy.state_dim > 0)")
     action: str = opt("action", "the feature holding the actions (policy.action_dim values per frame)")
-    action_norm: str = opt("stats", "stats: map each action dimension from the dataset's own [q01, q99] "
-                           "(meta/stats.json; [min, max] where it has no quantiles) onto [-1, 1], "
-                           "clipped; none: take the actions as they are (they must lie in [-1, 1])",
+    action_norm: str = opt("stats", "stats: a new policy bins each action dimension over the dataset's "
+                           "own [q01, q99] (meta/stats.json; [min, max] where it has no quantiles), so "
+                           "it acts in the dataset's units; none: the range comes from sft.action_range",
                            choices=["stats", "none"])
 
 

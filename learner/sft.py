@@ -63,8 +63,8 @@ def demo_spec(cfg: Config) -> DemoSpec:
 
 def load_samples(cfg: Config, progress: bool = False,
                  default_instruction: Optional[str] = None) -> tuple[SFTSamples, Optional[dict]]:
-    """The samples of sft.data's episodes and how their actions were normalised (None: as
-    recorded). A directory with meta/info.json is a LeRobot dataset (sft.lerobot maps it): its
+    """The samples of sft.data's episodes and, from a LeRobot dataset's stats, the action range a new
+    policy bins over ({"low", "high", "source"}; None: sft.action_range decides). A directory with meta/info.json is a LeRobot dataset (sft.lerobot maps it): its
     episodes are decoded one at a time into a frame store on disk, so a dataset larger than memory
     trains. Anything else is ManiSkill's trajectory files, read into memory."""
     sc, K, gamma = cfg.sft, cfg.policy.num_action_chunks, cfg.algorithm.gamma
@@ -74,13 +74,10 @@ def load_samples(cfg: Config, progress: bool = False,
         return build_samples(episodes, K, gamma, cfg.algorithm.reward_type, instruction), None
     from asyncvla.common.lerobot.read import LeRobotSource
     source = LeRobotSource(sc.data, demo_spec(cfg), sc.lerobot)
-    if source.action_norm is not None:
-        log.info("LeRobot actions mapped from %s %s .. %s onto [-1, 1]", source.action_norm["source"],
-                 source.action_norm["low"], source.action_norm["high"])
     frames = frame_store(source.num_steps(sc.max_demo_steps), cfg.policy.image_size, sft_dir(cfg))
     samples = build_samples(source.episodes(sc.max_demo_steps, progress), K, gamma, cfg.algorithm.reward_type,
                             instruction, frames=frames)
-    return samples, source.action_norm
+    return samples, source.action_range
 
 
 def frame_store(count: int, size: int, directory: Path) -> np.ndarray:
@@ -121,7 +118,7 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
     if sc.batch_size % world:
         raise ValueError(f"sft.batch_size={sc.batch_size} must be a multiple of the ranks ({world})")
 
-    samples, action_norm = load_samples(cfg, progress and rank == 0, default_instruction)
+    samples, data_range = load_samples(cfg, progress and rank == 0, default_instruction)
     episodes = samples.num_episodes
     train, val = split_by_episode(samples, episodes, sc.val_fraction, sc.seed)
     log.info("%d demo episodes, %d steps: %d train / %d validation samples", episodes,
@@ -130,8 +127,12 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
     torch.manual_seed(sc.seed)
     init_dir = out / "policy_init"
     if rank == 0 and not (init_dir / "policy.json").exists():
-        policy_cfg = cfg.policy
-        if sc.action_range == "q99":     # a saved policy (policy.pretrained_path) keeps its own range
+        policy_cfg = cfg.policy         # (a saved policy, policy.pretrained_path, keeps its own range)
+        if data_range is not None:
+            policy_cfg = dataclasses.replace(policy_cfg, action_low=data_range["low"], action_high=data_range["high"])
+            log.info("action range from the dataset's stats (%s): low %s high %s", data_range["source"],
+                     data_range["low"], data_range["high"])
+        elif sc.action_range == "q99":
             low, high = action_range_q99(samples.actions[:, 0])
             policy_cfg = dataclasses.replace(policy_cfg, action_low=low, action_high=high)
             log.info("action range from the demos (q01 .. q99): low %s high %s", low, high)
@@ -195,9 +196,8 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
         (policy_dir / "config.yaml").write_text(to_yaml(cfg))     # `asyncvla eval` takes the env from it
         summary = {"steps": step, "demo_episodes": episodes, "demo_steps": len(samples),
                    "history": history}
-        if action_norm is not None:      # the policy acts in [-1, 1]: this maps its actions back
-            summary["action_normalization"] = action_norm
-            (policy_dir / "action_normalization.json").write_text(json.dumps(action_norm, indent=2))
+        if data_range is not None:
+            summary["action_range"] = data_range
         (out / SUMMARY).write_text(json.dumps(summary, indent=2))
         writer.close()
     dist.barrier()

@@ -18,6 +18,7 @@ from asyncvla.common.config import LeRobotConfig, load_config
 from asyncvla.common.demos import DemoEpisode, DemoError, DemoSpec, flat_states, write_demos
 from asyncvla.common.lerobot.read import LeRobotSource
 from asyncvla.common.lerobot.write import write_lerobot
+from asyncvla.common.policy import VLAPolicy
 from asyncvla.launch import cli
 from asyncvla.learner.sft import load_samples
 from asyncvla.learner.sft_data import build_samples, split_by_episode
@@ -124,28 +125,28 @@ def test_images_resize_to_the_policy(written):
     assert small[0].images.shape == (6, 32, 32, 3) and small[0].states is None
 
 
-def test_actions_normalised_with_the_datasets_stats(written, tmp_path):
+def test_the_datasets_stats_give_the_action_range(written, tmp_path):
+    """The labels stay in the dataset's units; its q01/q99 (else min/max) become a new policy's
+    binned range, so the policy acts in those units with nothing to map back."""
     out = copy_of(written, tmp_path)
     stats = json.loads((out / "meta/stats.json").read_text())
     raw = np.concatenate([e.actions for e in written[1]]).astype(np.float64)
 
-    def expected(low, high):
-        low, high = np.array(low), np.array(high)
-        return np.clip(2 * (raw - low) / (high - low) - 1, -1, 1)
-
     source = LeRobotSource(out, SPEC, LeRobotConfig())
-    assert source.action_norm["source"] == "q01/q99"
-    got = np.concatenate([e.actions for e in source.read()])
-    np.testing.assert_allclose(got, expected(stats["action"]["q01"], stats["action"]["q99"]), atol=1e-6)
-    assert got.min() == -1.0 and got.max() == 1.0       # the 1 % tails clipped
+    assert source.action_range["source"] == "q01/q99"
+    np.testing.assert_allclose(source.action_range["low"], stats["action"]["q01"])
+    np.testing.assert_allclose(source.action_range["high"], stats["action"]["q99"])
+    np.testing.assert_array_equal(np.concatenate([e.actions for e in source.read()]), raw.astype(np.float32))
+    assert LeRobotSource(out, SPEC, EXACT).action_range is None
 
     for q in ("q01", "q10", "q50", "q90", "q99"):       # a dataset whose stats hold no quantiles
         del stats["action"][q]
+    stats["action"]["min"][1] = stats["action"]["max"][1] = 0.25   # and one dimension held constant
     (out / "meta/stats.json").write_text(json.dumps(stats))
     source = LeRobotSource(out, SPEC, LeRobotConfig())
-    assert source.action_norm["source"] == "min/max"
-    got = np.concatenate([e.actions for e in source.read()])
-    np.testing.assert_allclose(got, expected(raw.min(0), raw.max(0)), atol=1e-6)
+    assert source.action_range["source"] == "min/max"
+    got = np.array([source.action_range["low"], source.action_range["high"]])
+    np.testing.assert_allclose(got, [[raw[:, 0].min(), -0.75], [raw[:, 0].max(), 1.25]], rtol=1e-6)
 
 
 # ------------------------------------------------------------------------------------ v2.1
@@ -205,7 +206,7 @@ def test_v21_dataset_reads(tmp_path):
         assert back.instruction == "stack the blocks" and back.rewards is None
         err = pixel_error(back.images[:T], ours.images[:T])
         assert err < MAX_PIXEL_ERROR, f"episode {ours.episode_id}: mean abs pixel error {err:.2f}"
-    norm = LeRobotSource(tmp_path / "v21", SPEC, LeRobotConfig()).action_norm    # episodes_stats.jsonl
+    norm = LeRobotSource(tmp_path / "v21", SPEC, LeRobotConfig()).action_range   # episodes_stats.jsonl
     all_actions = np.concatenate([e.actions for e in episodes])
     assert norm["source"] == "min/max"
     np.testing.assert_allclose(norm["low"], all_actions.min(0), rtol=1e-6)
@@ -313,9 +314,11 @@ def test_sft_trains_on_a_lerobot_dataset(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["demo_episodes"] == 4 and summary["steps"] == 2
     assert summary["demo_steps"] == sum(e.num_steps for e in episodes)
-    norm = json.loads((run / "policy" / "action_normalization.json").read_text())
-    assert norm["source"] == "q01/q99" and len(norm["low"]) == 2
-    assert "LeRobot actions mapped from q01/q99" in r.stderr
+    q = json.loads((tmp_path / "ds" / "meta" / "stats.json").read_text())["action"]
+    saved = VLAPolicy.from_pretrained(run / "policy").cfg         # the dataset's range, not the demos' q99
+    np.testing.assert_allclose([saved.action_low, saved.action_high], [q["q01"], q["q99"]], rtol=1e-6)
+    assert summary["action_range"]["source"] == "q01/q99"
+    assert "action range from the dataset's stats (q01/q99)" in r.stderr
 
     # A dataset whose actions the policy cannot take stops before any decoding, in one line (which
     # `asyncvla sft` prints, as it does every DemoError).

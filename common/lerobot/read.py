@@ -6,8 +6,8 @@
 
 The mapping (sft.lerobot.*): the camera is a video feature (default: the first), decoded with PyAV
 and resized to spec.image_size; the state is the named features concatenated (read when
-spec.state_dim > 0); the action feature is the label, normalised with the dataset's own stats
-(`action_norm`); the episode's task string is its instruction. A LeRobot episode of T frames has
+spec.state_dim > 0); the action feature is the label, as recorded, and the dataset's own stats
+give the policy's action range (`action_range`); the episode's task string is its instruction. A LeRobot episode of T frames has
 T observations, our episodes T+1 (the one after the last step): the last frame is repeated, and
 SFT never trains on it (a sample is an observation with the actions that follow it).
 Every problem raises DemoError with one line naming the file or key, the value and what is allowed.
@@ -39,7 +39,7 @@ class LeRobotSource:
         self._check_features(features)
         self.tasks = self._read_tasks()
         self.records = self._read_episode_records()
-        self.action_norm = self._action_norm(mapping.action_norm)   # {"low", "high", "source"} or None
+        self.action_range = self._action_range(mapping.action_norm)   # {"low", "high", "source"} or None
 
     # ----------------------------------------------------------------------------- metadata
     def _read_info(self) -> dict:
@@ -132,9 +132,11 @@ class LeRobotSource:
             raise DemoError(f"{where}: episode records lack {', '.join(missing)}; they have: {', '.join(records[0])}")
         return records
 
-    def _action_norm(self, mode: str) -> Optional[dict]:
-        """low/high per action dimension: q01/q99 of meta/stats.json where it has them, else min/max
-        (v2.1 datasets without meta/stats.json: min/max over meta/episodes_stats.jsonl)."""
+    def _action_range(self, mode: str) -> Optional[dict]:
+        """low/high per action dimension, the range a new policy bins its actions over: q01/q99 of
+        meta/stats.json where it has them, else min/max (v2.1 datasets without meta/stats.json:
+        min/max over meta/episodes_stats.jsonl). A dimension the dataset holds constant gets
+        [v - 1, v + 1]: a range of no width cannot be binned."""
         if mode == "none":
             return None
         stats = self._feature_stats(self.action_key)
@@ -146,6 +148,8 @@ class LeRobotSource:
         if low.shape != (self.spec.action_dim,) or high.shape != low.shape:
             raise DemoError(f"{self.root / layout.STATS}: {self.action_key}.{pair[0]} has {low.size} values; "
                             f"allowed: policy.action_dim={self.spec.action_dim}")
+        flat = high - low < 1e-6
+        low[flat], high[flat] = low[flat] - 1.0, high[flat] + 1.0
         return {"feature": self.action_key, "source": "/".join(pair),
                 "low": [float(v) for v in low], "high": [float(v) for v in high]}
 
@@ -204,7 +208,6 @@ class LeRobotSource:
         actions = _column(rows, self.action_key, path).astype(np.float64)
         if not np.isfinite(actions).all():
             raise DemoError(f"{path}: episode {n}: {self.action_key!r} holds NaN or inf")
-        actions = self._normalise(actions, path, n)
         images = self._frames(rec, T)
         states = None
         if self.state_keys:
@@ -218,19 +221,6 @@ class LeRobotSource:
         return DemoEpisode(images=np.concatenate([images, images[-1:]]), actions=actions.astype(np.float32),
                            rewards=None if rewards is None else rewards.astype(np.float32), success=success,
                            instruction=instruction, seed=None, episode_id=n, states=states)
-
-    def _normalise(self, actions: np.ndarray, path: Path, n: int) -> np.ndarray:
-        """[q01, q99] (or [min, max]) -> [-1, 1], clipped; a dimension of no width maps to 0."""
-        if self.action_norm is None:
-            if np.abs(actions).max() > 1.0 + 1e-6:
-                raise DemoError(f"{path}: episode {n}: {self.action_key!r} reaches {np.abs(actions).max():.4g}; "
-                                "with sft.lerobot.action_norm=none the actions must lie in [-1, 1] "
-                                "(set sft.lerobot.action_norm=stats)")
-            return actions
-        low, high = np.asarray(self.action_norm["low"]), np.asarray(self.action_norm["high"])
-        width = high - low
-        safe = np.where(width > 1e-8, width, 1.0)
-        return np.where(width > 1e-8, np.clip(2.0 * (actions - low) / safe - 1.0, -1.0, 1.0), 0.0)
 
     def _rows(self, rec: dict, data: "_DataFiles"):
         """(file, the episode's rows) of the data parquet."""
