@@ -422,7 +422,8 @@ class SFTConfig:
     value_lr: float = opt(1e-3, "learning rate of the value head (critic warm-up)", gt=0.0)
     action_range: str = opt("config", "binned range of each action dim of a new policy: config "
                             "(policy.action_low / action_high) or q99 (the demos' 1st-99th "
-                            "percentiles, as OpenVLA normalises; saved with the policy). A policy "
+                            "percentiles, as OpenVLA normalises; saved with the policy). A LeRobot "
+                            "dataset's stats take its place (sft.lerobot.action_norm=stats); a policy "
                             "continued from policy.pretrained_path keeps its own",
                             choices=["config", "q99"])
     value_loss_coef: float = opt(0.5, "weight of the critic's regression onto the demos' discounted "
