@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # test files run on this many workers at once (pytest-xdist; 0: one process, as plain pytest)
 TEST_WORKERS ?= 2
 
-.PHONY: setup train test bench docs clean
+.PHONY: setup train test bench docs clean interop-env
 
 setup: $(STAMP)
 	@bash launch/setup_vulkan.sh $(PY)
@@ -34,6 +34,20 @@ train: setup
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
+# lerobot 0.4.3 in an environment of its own, for tests/test_lerobot_interop.py (`make test` skips
+# it, in one line, while this is absent). lerobot pins torch < 2.8 and torchvision < 0.23 (its PyAV
+# decoding goes through torchvision.io.VideoReader, which later releases dropped), against our
+# torch: so a second venv, ~6 GB (PyPI's CUDA builds of torch, which run on the CPU).
+INTEROP ?= .venv-interop
+interop-env: $(INTEROP)/.installed
+$(INTEROP)/.installed:
+	@test -x $(INTEROP)/bin/python || $(PYTHON) -m venv $(INTEROP)
+	$(INTEROP)/bin/pip install -q torch==2.7.1 torchvision==0.22.1
+	$(INTEROP)/bin/pip install -q --no-deps lerobot==0.4.3
+	$(INTEROP)/bin/pip install -q "datasets>=4.0.0,<4.2.0" "huggingface-hub>=0.34.2,<0.36.0" pandas pillow \
+		pyarrow av fsspec packaging accelerate
+	@touch $@
+
 # Performance and learning figures beside their baselines and goals: one table, and the JSON in
 # bench_results/bench.json (+ learning_model.csv / .png). On 2 CPU cores: the learning benchmark
 # (4 arms x 5 seeds, each run until it reaches its target: ~2.5 hours) plus ~30 minutes, ~12 of them the fault
@@ -46,5 +60,5 @@ docs: setup
 	$(VENV)/bin/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) runs bench_results site .pytest_cache *.egg-info
+	rm -rf $(VENV) $(INTEROP) runs bench_results site .pytest_cache *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
