@@ -63,10 +63,12 @@ def demo_spec(cfg: Config) -> DemoSpec:
 
 def load_samples(cfg: Config, progress: bool = False,
                  default_instruction: Optional[str] = None) -> tuple[SFTSamples, Optional[dict]]:
-    """The samples of sft.data's episodes and, from a LeRobot dataset's stats, the action range a new
-    policy bins over ({"low", "high", "source"}; None: sft.action_range decides). A directory with meta/info.json is a LeRobot dataset (sft.lerobot maps it): its
-    episodes are decoded one at a time into a frame store on disk, so a dataset larger than memory
-    trains. Anything else is ManiSkill's trajectory files, read into memory."""
+    """The samples of sft.data's episodes and, from a LeRobot dataset's stats, the action range a
+    new policy bins over ({"low", "high", "source"}; None: sft.action_range decides).
+
+    A directory with meta/info.json is a LeRobot dataset (sft.lerobot maps it): its episodes are
+    decoded one at a time into a frame store on disk, so a dataset larger than memory trains.
+    Anything else is ManiSkill's trajectory files, read into memory."""
     sc, K, gamma = cfg.sft, cfg.policy.num_action_chunks, cfg.algorithm.gamma
     instruction = default_instruction or cfg.env.instruction
     if not is_lerobot(sc.data):

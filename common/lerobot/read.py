@@ -7,9 +7,10 @@
 The mapping (sft.lerobot.*): the camera is a video feature (default: the first), decoded with PyAV
 and resized to spec.image_size; the state is the named features concatenated (read when
 spec.state_dim > 0); the action feature is the label, as recorded, and the dataset's own stats
-give the policy's action range (`action_range`); the episode's task string is its instruction. A LeRobot episode of T frames has
-T observations, our episodes T+1 (the one after the last step): the last frame is repeated, and
-SFT never trains on it (a sample is an observation with the actions that follow it).
+give a new policy's action range (`action_range`); the episode's task string is its instruction.
+A LeRobot episode of T frames has T observations, our episodes T+1 (the one after the last step):
+the last frame is repeated, and SFT never trains on it (a sample is an observation with the
+actions that follow it).
 Every problem raises DemoError with one line naming the file or key, the value and what is allowed.
 """
 
