@@ -169,35 +169,37 @@ class LeRobotSource:
         return {}
 
     # ------------------------------------------------------------------------------ episodes
-    def episodes(self, max_steps: Optional[int] = None, progress: bool = False) -> Iterator[DemoEpisode]:
-        """Episodes in order, whole ones only, at most `max_steps` steps in all; one decoded at a time."""
-        from tqdm import tqdm
-
-        total, data = 0, _DataFiles()
-        with tqdm(total=len(self.records), desc=f"decoding {self.camera}", unit="episode",
-                  disable=not progress, dynamic_ncols=True) as bar:
-            for rec in self.records:
-                if max_steps is not None and total + int(rec["length"]) > max_steps:
-                    break
-                yield self._episode(rec, data)
-                total += int(rec["length"])
-                bar.update(1)
-
-    def num_steps(self, max_steps: Optional[int] = None) -> int:
-        """The steps `episodes(max_steps)` yields, from the metadata; none is refused."""
-        total = 0
+    def selected(self, max_steps: Optional[int] = None) -> list[dict]:
+        """The episode records `episodes(max_steps)` yields: whole episodes in order, at most
+        `max_steps` steps in all; none is refused."""
+        chosen, total = [], 0
         for rec in self.records:
             if max_steps is not None and total + int(rec["length"]) > max_steps:
                 break
+            chosen.append(rec)
             total += int(rec["length"])
-        if total == 0:
+        if not chosen:
             raise DemoError(f"{self.root}: no episode to load" +
                             (f" within sft.max_demo_steps={max_steps}" if max_steps is not None else ""))
-        return total
+        return chosen
+
+    def num_steps(self, max_steps: Optional[int] = None) -> int:
+        """The steps `episodes(max_steps)` yields, from the metadata."""
+        return sum(int(rec["length"]) for rec in self.selected(max_steps))
+
+    def episodes(self, max_steps: Optional[int] = None, progress: bool = False) -> Iterator[DemoEpisode]:
+        """The selected episodes (`selected`), one decoded at a time."""
+        from tqdm import tqdm
+
+        records, data = self.selected(max_steps), _DataFiles()
+        with tqdm(total=len(records), desc=f"decoding {self.camera}", unit="episode",
+                  disable=not progress, dynamic_ncols=True) as bar:
+            for rec in records:
+                yield self._episode(rec, data)
+                bar.update(1)
 
     def read(self, max_steps: Optional[int] = None, progress: bool = False) -> list[DemoEpisode]:
         """Every episode in memory at once (small datasets and tests; SFT streams `episodes`)."""
-        self.num_steps(max_steps)
         return list(self.episodes(max_steps, progress))
 
     def _episode(self, rec: dict, data: "_DataFiles") -> DemoEpisode:
