@@ -4,10 +4,11 @@
 
 Reads BENCH/bench.json (the performance table of every benchmark, with the machine and commit) and,
 per learning benchmark, BENCH/learning_TAG.md + .json + .png (TAG `model`: the pixel task at the
-modelled cost; `maniskill`: PushCube at the simulator's own cost; `heads`: the action heads, on
-the page only). Writes docs/results.md (the full page: machine, commit, date, every figure, the
-learning tables and plots). A section whose inputs are missing keeps its text from the page as it
-was, so a benchmark run alone updates only its own section. The README's text between
+modelled cost; `maniskill`: PushCube at the simulator's own cost; `heads`: the action heads, and
+`gaussian`: the Gaussian head against the parallel one, these two on the page only). Writes
+docs/results.md (the full page: machine, commit, date, every figure, the learning tables and plots).
+A section whose inputs are missing keeps its text from the page as it was, so a benchmark run
+alone updates only its own section. The README's text between
 `<!-- results:start -->` and `<!-- results:end -->` becomes the short form: each learning
 section's tables and plot, linking to the page. `make bench` calls it last, so the figures a
 reader sees are the latest measured, never hand-copied.
@@ -38,6 +39,11 @@ LEARNING = {
               "The learning benchmark, `--task heads` (`python -m tests.benchmarks.learning --task heads`): "
               "asynchronous RL on the pixel task for the same wall-clock budget from each head's own SFT "
               "warm start, the token (parallel) head against the flow head with Flow-SDE and Flow-Noise."),
+    "gaussian": ("Learning with the Gaussian head", None,
+                 "The learning benchmark, `--task gaussian` (`python -m tests.benchmarks.learning --task "
+                 "gaussian`): asynchronous RL on the pixel task for the same wall-clock budget, the Gaussian "
+                 "head against the parallel token head, each from its own warm start of the same number of "
+                 "SFT steps (600)."),
 }
 SUMMARY = ("Means over seeds with 95 % bootstrap intervals; each async arm against sync (the ratio of "
            "the means, stratified bootstrap) at each threshold every run of the pair reaches; lag is how "
