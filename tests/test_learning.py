@@ -45,7 +45,7 @@ SFT_STEPS = 400         # ~45 s; the parallel head sees the target only after ~3
 RL_UPDATES = 300        # ~4 min beside a busy loop; a budget in updates, not seconds, so that a busy
                         # machine takes longer instead of learning less
 EVAL_EPISODES = 1024    # each interval within about +-3 points; one evaluation took 15-200 s beside
-                        # a busy loop (the policy's 2 torch threads wait on each other there)
+                        # a busy loop (likely the policy's 2 torch threads waiting on each other)
 SETTINGS = ["policy.image_size=32", "policy.action_head=parallel", "learner.value_lr=3e-3",
             "eval.eval_interval=0"]     # measured without the evaluator beside training
 
