@@ -18,8 +18,9 @@ deepspeed runner dies on it at once and would take the ranks with it. They finis
 update, write a final checkpoint, tell the actors ("shutdown") and exit; the launcher then names
 the checkpoint and how to resume (`--resume RUN`), stops the actor fleets and exits with 130
 (SIGINT) or 143 (SIGTERM): a stop is not a finish. The ranks get --stop-grace-s (60 s by default)
-for that; a second Ctrl-C, or a learner still running after the grace period, kills the run
-(exit 1), which then resumes from its last complete checkpoint. With --hostfile the ranks on
+for that, counted from the moment the last of them is asked (a rank still starting is asked once it
+can take the signal, up to STARTING_S after the stop); a second Ctrl-C, or a learner still running
+after the grace period, kills the run (exit 1), which then resumes from its last complete checkpoint. With --hostfile the ranks on
 other machines are out of the launcher's reach: a stop kills the run.
 
 Exit codes: 0 the learner ended by its budget (its record RUN/learner_end.json says so: an exit
@@ -61,6 +62,7 @@ from asyncvla.launch.fleet import HostfileError
 
 EVALUATOR_RESTARTS = 1       # an evaluator that dies is restarted this often, then evaluation stops
 STOP_GRACE_S = 60.0          # for a stopping learner to finish its update and save (--stop-grace-s)
+STARTING_S = 300.0           # for a learner rank still importing on a stop to become able to take it
 FLEET_GONE_S = 30.0          # every actor host ended, no local actor: the learner waits this long to end
 LEARNER_MODULE = "asyncvla.learner.main"
 
@@ -81,7 +83,8 @@ def add_parser(sub) -> None:
     p.add_argument("--num-actors", type=int, help="local actor processes (launch.num_local_actors)")
     p.add_argument("--stop-grace-s", type=float, default=STOP_GRACE_S, metavar="S",
                    help="on Ctrl-C, how long the learner may take to finish its update and write its "
-                        "final checkpoint before the run is killed (default %(default)s)")
+                        "final checkpoint before the run is killed, counted from the moment its ranks "
+                        "are asked (a rank still starting, once it can take the signal) (default %(default)s)")
     p.set_defaults(func=run)
 
 
@@ -259,22 +262,29 @@ KILLED_HINT = "resume from its last complete checkpoint with --resume {run_dir}"
 def end_learner(cfg: Config, learner, children, stop, grace_s: float, count: int | None = None) -> bool:
     """Ask the learner ranks to stop (SIGTERM: they finish their update, save, tell the actors and
     write their end record) and wait until the learner has exited: True. Kills the run instead
-    (False, after one line) on a further stop request (beyond `count`, the requests so far) or
-    when the learner is still running after `grace_s`."""
+    (False, after one line) on a further stop request (beyond `count`, the requests so far), or
+    when the learner is still running `grace_s` after its last rank was asked. A rank still
+    importing is asked only once it catches the signal (it would die of it before): its start-up,
+    slow on a busy machine, is not part of the grace, and is bounded by STARTING_S instead."""
     count = stop.count if count is None else count
-    deadline, asked = time.time() + grace_s, set()
+    ranks = 0 if cfg.launch.hostfile else cfg.launch.num_learner_ranks     # (remote ranks: out of reach)
+    t_stop, asked = time.time(), set()
+    deadline = t_stop + grace_s
     while learner.poll() is None:
-        if stop.count > count or time.time() > deadline:
-            why = "a second stop request" if stop.count > count else f"the learner still running after {grace_s:g} s"
+        starting = len(asked) < ranks
+        if stop.count > count or time.time() > (t_stop + max(grace_s, STARTING_S) if starting else deadline):
+            why = ("a second stop request" if stop.count > count else
+                   f"a learner rank still starting {max(grace_s, STARTING_S):g} s after the stop" if starting else
+                   f"the learner still running after {grace_s:g} s")
             print(f"asyncvla: {why}: killing the run; {KILLED_HINT.format(run_dir=run_dir_of_config(cfg))}",
                   file=sys.stderr, flush=True)
             children.kill_all()
             return False
-        # (ranks may still be starting: each is asked once it catches SIGTERM, or it would die of it)
         for pid in set(learner_ranks(learner.pid)) - asked:
             if catches(pid, signal.SIGTERM):
                 _signal_pid(pid, signal.SIGTERM)
                 asked.add(pid)
+                deadline = time.time() + grace_s
         time.sleep(0.2)
     return True
 

@@ -83,6 +83,7 @@ import zmq
 from asyncvla.common import protocol as P
 from asyncvla.common.signals import descendants, process_start_time, python_module
 from asyncvla.common.trajectory_channel import ack_count
+from asyncvla.launch.train import STARTING_S
 from tests.support.paths import PIXEL, REPO
 from tests.support.ports import run_ports
 from tests.support.runs import SMALL, SMALL_BACKBONE, start, train_pixel_task
@@ -1641,7 +1642,9 @@ def startup_ctrl_c(out: Path, ranks: int) -> Row:
         run.wait(run.learners, PROGRESS_S, "a learner rank process")
         t_int = time.time()
         run.proc.send_signal(signal.SIGINT)
-        row.exit_code = run.proc.wait(timeout=STOP_GRACE_S + 30)
+        # (the grace counts from the moment the last rank is asked, once it catches the signal,
+        # up to the launcher's STARTING_S after the stop: three other runs start beside this one)
+        row.exit_code = run.proc.wait(timeout=STARTING_S + STOP_GRACE_S + 30)
         row.seconds = time.time() - t0
         time.sleep(1.0)
         left = run.alive()
