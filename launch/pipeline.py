@@ -102,14 +102,15 @@ def run(args) -> int:
 def final_summary(cfg, run_dir: Path) -> dict:
     """Success after SFT (its last evaluation) and after RL (the published weights of the last
     checkpoint, what the actors ran), on the same fixed initial states, sampled as actors sample."""
-    from asyncvla.actors.evaluate import evaluate_policy
+    from asyncvla.actors.evaluate import evaluate_policy, one_torch_thread
     from asyncvla.learner.export import load_checkpoint
 
     sft = json.loads((run_dir / "sft" / "summary.json").read_text())
     last = sft["history"][-1]
     policy, rl_cfg, source = load_checkpoint(run_dir, weights="ema")
-    rl = evaluate_policy(policy, rl_cfg.env, policy.cfg, cfg.sft.eval_episodes, greedy=False,
-                         seed=cfg.env.seed)
+    with one_torch_thread():                # (as SFT's evaluations: actors/evaluate.py)
+        rl = evaluate_policy(policy, rl_cfg.env, policy.cfg, cfg.sft.eval_episodes, greedy=False,
+                             seed=cfg.env.seed)
     summary = {
         "env_id": cfg.env.id, "episodes": cfg.sft.eval_episodes, "sampled": True,
         "sft": {"steps": sft["steps"], "success_rate": last["success_rate"],

@@ -280,3 +280,21 @@ def test_the_progress_line_shows_the_evaluators_newest_figure(tmp_path):
         (d / "summary.json").write_text(json.dumps({"step": step, "success_rate": rate}))
     m._eval_seen = None                                       # as after the 5 s between globs
     assert m._latest_eval() == "50%@12"
+
+
+def test_evaluations_run_on_one_torch_thread_and_give_the_callers_back():
+    """SFT evaluates between its steps: the evaluation runs one thread (two wait on each other
+    beside a busy core), and SFT's own count comes back, also after an error."""
+    from asyncvla.actors.evaluate import one_torch_thread
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with one_torch_thread():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError), one_torch_thread():
+            raise RuntimeError("an evaluation that fails")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

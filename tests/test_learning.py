@@ -3,12 +3,13 @@ processes over ZeroMQ, the ZeRO-3 learner, EMA publishing) must make the policy 
 than its warm start: the lower end of RL's 95 % interval above the upper end of SFT's, on the same
 fixed episodes, sampled as the actors sample. And `asyncvla pipeline` caches every stage.
 
-About 7 minutes on 2 cores beside a busy loop: the pixel task at 32 px with the parallel action
+About 7-13 minutes on 2 cores beside a busy loop: the pixel task at 32 px with the parallel action
 head (`configs/pixel_task.yaml` is 64 px with the autoregressive head), so that a learner update
 takes ~0.6 s and the actors sample a whole chunk in one pass, and the critic at value_lr 3e-3. SFT
-is deterministic here: 17.4 % [15.2, 19.8] on 1,024 episodes every time. RL must land above ~22.6 %
-for its interval to clear that. Measured with a busy loop on one core beside each run, from that
-SFT policy:
+is deterministic here: 18.6 % [16.3, 21.1] on 1,024 episodes every time (17.4 % [15.2, 19.8] when
+evaluations ran two torch threads). RL must land above ~23.7 % for its interval to clear that.
+Measured with a busy loop on one core beside each run, from that SFT policy (the two-thread
+figures; on one thread, two runs gave 32.1 and 33.9 %, RL taking ~9 minutes on a slower machine):
 - 190 updates (the budget before): 27.8, 30.6, 26.1 % (the same runs' step-190 checkpoints); a
   fresh-clone CI run beside the suite's other worker gave 21.7 % and failed, its rerun 30.2 %. Mean
   27.3 %, sd 3.6: about 1.3 sd above the bar.
@@ -44,8 +45,8 @@ from tests.support.ports import run_port_overrides
 SFT_STEPS = 400         # ~45 s; the parallel head sees the target only after ~300 steps
 RL_UPDATES = 300        # ~4 min beside a busy loop; a budget in updates, not seconds, so that a busy
                         # machine takes longer instead of learning less
-EVAL_EPISODES = 1024    # each interval within about +-3 points; one evaluation took 15-200 s beside
-                        # a busy loop (likely the policy's 2 torch threads waiting on each other)
+EVAL_EPISODES = 1024    # each interval within about +-3 points; evaluations run one torch thread
+                        # (actors/evaluate.py): on two, one took 15-200 s beside a busy loop
 SETTINGS = ["policy.image_size=32", "policy.action_head=parallel", "learner.value_lr=3e-3",
             "eval.eval_interval=0"]     # measured without the evaluator beside training
 
