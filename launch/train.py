@@ -20,8 +20,9 @@ the checkpoint and how to resume (`--resume RUN`), stops the actor fleets and ex
 (SIGINT) or 143 (SIGTERM): a stop is not a finish. The ranks get --stop-grace-s (60 s by default)
 for that, counted from the moment the last of them is asked (a rank still starting is asked once it
 can take the signal, up to STARTING_S after the stop); a second Ctrl-C, or a learner still running
-after the grace period, kills the run (exit 1), which then resumes from its last complete checkpoint. With --hostfile the ranks on
-other machines are out of the launcher's reach: a stop kills the run.
+after the grace period, kills the run (exit 1), which then resumes from its last complete
+checkpoint. With --hostfile the ranks on other machines are out of the launcher's reach: a stop
+kills the run.
 
 Exit codes: 0 the learner ended by its budget (its record RUN/learner_end.json says so: an exit
 code alone cannot tell); 130 / 143 stopped by SIGINT / SIGTERM, after the final checkpoint; 1 the
