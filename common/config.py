@@ -420,6 +420,11 @@ class SFTConfig:
     batch_size: int = opt(64, "samples per optimizer step (all ranks)", ge=1)
     lr: float = opt(1e-3, "learning rate of the policy", gt=0.0)
     value_lr: float = opt(1e-3, "learning rate of the value head (critic warm-up)", gt=0.0)
+    zero_stage: Optional[int] = opt(None, "DeepSpeed ZeRO stage of SFT's engine; null: learner.zero_stage. "
+                                    "A model that fits one rank trains faster unpartitioned (0)",
+                                    choices=[0, 1, 2, 3])
+    micro_batch_size: Optional[int] = opt(None, "samples per forward/backward on one rank; null: "
+                                          "learner.micro_batch_size", ge=1)
     action_range: str = opt("config", "binned range of each action dim of a new policy: config "
                             "(policy.action_low / action_high) or q99 (the demos' 1st-99th "
                             "percentiles, as OpenVLA normalises; saved with the policy). A LeRobot "

@@ -143,7 +143,7 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
     policy = VLAPolicy.from_pretrained(init_dir)
     engine_cfg = _engine_config(cfg)
     per_rank = sc.batch_size // world
-    accum = -(-per_rank // cfg.learner.micro_batch_size)
+    accum = -(-per_rank // engine_cfg.learner.micro_batch_size)
     engine = ds_engine.build_engine(policy, engine_cfg, gradient_accumulation_steps=accum)
     ids, mask = _tokenize(policy, train.instructions)          # rows of train, and of val below
     val_text = _tokenize(policy, val.instructions) if val is not None else (None, None)
@@ -208,9 +208,11 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
 
 # ----------------------------------------------------------------------------------- helpers
 def _engine_config(cfg: Config) -> Config:
-    """The RL engine's config with SFT's learning rates (no warm-up)."""
-    learner = dataclasses.replace(cfg.learner, lr=cfg.sft.lr, value_lr=cfg.sft.value_lr, lr_warmup_steps=0,
-                                  critic_warmup_steps=0)
+    """The RL engine's config with SFT's learning rates (no warm-up), ZeRO stage and micro-batch."""
+    sc, learner = cfg.sft, cfg.learner
+    learner = dataclasses.replace(learner, lr=sc.lr, value_lr=sc.value_lr, lr_warmup_steps=0, critic_warmup_steps=0,
+                                  zero_stage=learner.zero_stage if sc.zero_stage is None else sc.zero_stage,
+                                  micro_batch_size=sc.micro_batch_size or learner.micro_batch_size)
     return dataclasses.replace(cfg, learner=learner)
 
 
@@ -265,7 +267,8 @@ def _evaluate(engine, eval_policy, val, ids, mask, cfg, step, evaluate) -> dict:
     if val is not None:
         engine.eval()
         losses, values, head_stats = [], [], {}
-        for i, rows in enumerate(np.array_split(np.arange(len(val)), -(-len(val) // cfg.learner.micro_batch_size))):
+        micro = _engine_config(cfg).learner.micro_batch_size
+        for i, rows in enumerate(np.array_split(np.arange(len(val)), -(-len(val) // micro))):
             loss, value, _, stats = _forward(engine, val, rows, ids, mask, cfg, seed=i)
             losses.append(loss)
             values.append(value)

@@ -6,13 +6,15 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from asyncvla.actors.collect import collect_demos, env_info
-from asyncvla.common.config import load_config
+from asyncvla.common.config import ConfigError, load_config
 from asyncvla.common.demos import write_demos
 from asyncvla.common.policy import VLAPolicy
+from asyncvla.learner.sft import _engine_config
 from tests.support.paths import PIXEL
 
 LORA = ["policy.is_lora=true", "policy.lora_rank=4"]
@@ -70,3 +72,14 @@ def test_sft_trains_logs_resumes_and_writes_a_policy_eval_and_export_take(tmp_pa
     final = VLAPolicy.from_pretrained(run / "policy")
     same = exported.act(image, ids, mask, greedy=True).replay["action_tokens"] == final.act(image, ids, mask, greedy=True).replay["action_tokens"]
     assert same.all()
+
+
+def test_sft_engine_takes_its_own_zero_stage_and_micro_batch_else_the_learners():
+    plain = _engine_config(load_config(str(PIXEL), ["learner.zero_stage=3", "learner.micro_batch_size=32",
+                                                    "sft.lr=0.002"])).learner
+    assert (plain.zero_stage, plain.micro_batch_size, plain.lr) == (3, 32, 0.002)
+    own = _engine_config(load_config(str(PIXEL), ["learner.zero_stage=3", "learner.micro_batch_size=32",
+                                                  "sft.zero_stage=0", "sft.micro_batch_size=64"])).learner
+    assert (own.zero_stage, own.micro_batch_size) == (0, 64)
+    with pytest.raises(ConfigError, match="sft.zero_stage=4"):
+        load_config(str(PIXEL), ["sft.zero_stage=4"])
