@@ -2,7 +2,8 @@
 
 Trains the policy of CONFIG on the demos (ManiSkill's trajectory format, e.g. from `asyncvla
 collect`, or a LeRobot dataset v2.1/v3.0, mapped by sft.lerobot.*) with the RL learner's DeepSpeed
-engine (its ZeRO stage, or sft.zero_stage): action-token cross-entropy plus a critic warm-up on the demos' discounted returns (learner/sft.py). It writes RUN/sft/: tb/ (sft/* metrics),
+engine (its ZeRO stage, or sft.zero_stage): action-token cross-entropy plus a critic warm-up on the
+demos' discounted returns (learner/sft.py). It writes RUN/sft/: tb/ (sft/* metrics),
 checkpoints/ (a rerun continues from the latest complete one), eval/step_N/summary.json (success
 sampled as actors sample, on fixed initial states), summary.json and policy/, the fine-tuned policy
 for `asyncvla train CONFIG policy.pretrained_path=RUN/sft/policy`, `asyncvla eval` and `asyncvla
