@@ -175,7 +175,7 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
         if last or (sc.eval_interval and step % sc.eval_interval == 0):
             if evaluate is not None:       # (minutes on ManiSkill: say so rather than look stuck)
                 bar.set_description(f"sft: evaluating on {sc.eval_episodes} episodes", refresh=True)
-            record = _evaluate(engine, eval_policy, val, *val_text, cfg, step, evaluate)
+            record = _evaluate(engine, eval_policy, val, *val_text, engine_cfg, step, evaluate)
             bar.set_description("sft", refresh=False)
             record.update(step=step, wall_s=round(time.perf_counter() - t0, 1))
             history.append(record)
@@ -260,16 +260,15 @@ def _train_step(engine, data: SFTSamples, index, ids, mask, cfg: Config, accum: 
 
 
 @torch.no_grad()
-def _evaluate(engine, eval_policy, val, ids, mask, cfg, step, evaluate) -> dict:
+def _evaluate(engine, eval_policy, val, ids, mask, engine_cfg, step, evaluate) -> dict:
     """Validation loss, the head's statistics (val_<name>), critic explained variance, then
-    success (rank 0)."""
+    success (rank 0). Validation runs in SFT's micro-batches (`_engine_config`)."""
     record = {"val_loss": None, "val_token_accuracy": None, "val_explained_variance": None}
     if val is not None:
         engine.eval()
         losses, values, head_stats = [], [], {}
-        micro = _engine_config(cfg).learner.micro_batch_size
-        for i, rows in enumerate(np.array_split(np.arange(len(val)), -(-len(val) // micro))):
-            loss, value, _, stats = _forward(engine, val, rows, ids, mask, cfg, seed=i)
+        for i, rows in enumerate(np.array_split(np.arange(len(val)), -(-len(val) // engine_cfg.learner.micro_batch_size))):
+            loss, value, _, stats = _forward(engine, val, rows, ids, mask, engine_cfg, seed=i)
             losses.append(loss)
             values.append(value)
             for k, v in stats.items():
