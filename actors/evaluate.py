@@ -25,10 +25,11 @@ import numpy as np
 
 from asyncvla.actors.envs import make_env
 from asyncvla.actors.rollout import InstructionCache
+from asyncvla.common.config import EvalConfig
 from asyncvla.common.trackers import Trackers
 
 Z95 = 1.959964                  # two-sided 95% normal quantile
-DEFAULT_NUM_ENVS = 8            # envs per round: ManiSkill on the CPU runs one process per env
+DEFAULT_NUM_ENVS = EvalConfig.num_envs   # envs per round: ManiSkill on the CPU runs one process per env
 VIDEO_FPS = 4                   # frames are action chunks, not env steps
 MIN_VIDEO_WIDTH = 256           # small scenes are upscaled (nearest) so the caption stays legible
 MACRO_BLOCK = 16                # H.264 wants frame sides in multiples of 16
@@ -239,7 +240,8 @@ def periodic_eval(policy, cfg, step: int, run_dir, writer=None) -> dict:
     out_dir = Path(run_dir) / "eval" / f"step_{step:08d}"
     with one_torch_thread():            # (SFT evaluates between its steps, with its threads)
         summary = evaluate_policy(policy, cfg.env, cfg.policy, cfg.eval.num_episodes, cfg.eval.greedy,
-                                  seed=cfg.env.seed, video_dir=out_dir if cfg.eval.save_video else None)
+                                  seed=cfg.env.seed, video_dir=out_dir if cfg.eval.save_video else None,
+                                  num_envs=cfg.eval.num_envs)
     summary["step"] = step
     write_summary(out_dir / "summary.json", summary)
     if writer is not None:

@@ -370,6 +370,9 @@ class EvalConfig:
     num_episodes: int = opt(8, "episodes per evaluation", ge=1)
     save_video: bool = opt(True, "write mp4 videos of evaluation episodes")
     greedy: bool = opt(True, "evaluate with the most likely action tokens")
+    num_envs: int = opt(8, "envs stepped together, in rounds; the initial states depend on it, so compare "
+                        "evaluations made with the same value (a ManiSkill CPU env is a process that "
+                        "takes ~15 s of a core to start)", ge=1)
     final_eval_timeout_s: float = opt(300.0, "how long `asyncvla train` waits for the evaluation of "
                                       "the last step after the learner ends", ge=0.0)
 

@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
     p.add_argument("path", metavar="CHECKPOINT_OR_EXPORT", help="run dir, checkpoint dir or export dir")
     p.add_argument("--env", metavar="ID", help="env id (default: the run's env.id)")
     p.add_argument("--episodes", type=int, help="episodes to run (default: the run's eval.num_episodes)")
-    p.add_argument("--num-envs", type=int, help="envs stepped together (default 8, at most --episodes)")
+    p.add_argument("--num-envs", type=int, help="envs stepped together (default: the run's eval.num_envs, at most --episodes)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--greedy", dest="greedy", action="store_true", default=None,
                       help="take the most likely action tokens (default: the run's eval.greedy)")
@@ -43,7 +43,7 @@ def run(args) -> int:
 
     import torch
 
-    from asyncvla.actors.evaluate import DEFAULT_NUM_ENVS, evaluate_policy, format_summary, write_summary
+    from asyncvla.actors.evaluate import evaluate_policy, format_summary, write_summary
     from asyncvla.common.config import Config, ConfigError, EnvConfig
     from asyncvla.learner.export import load_policy
 
@@ -69,7 +69,7 @@ def run(args) -> int:
             policy, env_cfg, policy.cfg, args.episodes or cfg.eval.num_episodes,
             greedy=cfg.eval.greedy if args.greedy is None else args.greedy,
             seed=cfg.env.seed if args.seed is None else args.seed, video_dir=args.video,
-            num_envs=args.num_envs or DEFAULT_NUM_ENVS)
+            num_envs=args.num_envs or cfg.eval.num_envs)
     except (ConfigError, OSError, ValueError) as e:
         print(f"asyncvla eval: {e}", file=sys.stderr)
         return 2

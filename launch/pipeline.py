@@ -110,7 +110,7 @@ def final_summary(cfg, run_dir: Path) -> dict:
     policy, rl_cfg, source = load_checkpoint(run_dir, weights="ema")
     with one_torch_thread():                # (as SFT's evaluations: actors/evaluate.py)
         rl = evaluate_policy(policy, rl_cfg.env, policy.cfg, cfg.sft.eval_episodes, greedy=False,
-                             seed=cfg.env.seed)
+                             seed=cfg.env.seed, num_envs=cfg.eval.num_envs)
     summary = {
         "env_id": cfg.env.id, "episodes": cfg.sft.eval_episodes, "sampled": True,
         "sft": {"steps": sft["steps"], "success_rate": last["success_rate"],

@@ -255,10 +255,11 @@ def test_periodic_eval_logs_to_tensorboard_and_the_run_dir(tmp_path):
 
     from asyncvla.actors.evaluate import periodic_eval
 
-    cfg = load_config(None, W.POLICY_OVERRIDES + ["eval.num_episodes=3"])
+    cfg = load_config(None, W.POLICY_OVERRIDES + ["eval.num_episodes=3", "eval.num_envs=2"])
     writer = SummaryWriter(str(tmp_path / "tb"))
     summary = periodic_eval(VLAPolicy.build(cfg.policy), cfg, 20, tmp_path, writer)
     writer.close()
+    assert summary["num_envs"] == 2 and [e["env"] for e in summary["episodes"]] == [0, 1, 0]   # two rounds
     out = tmp_path / "eval" / "step_00000020"
     assert json.loads((out / "summary.json").read_text())["success_rate"] == summary["success_rate"]
     assert sorted(p.name for p in out.glob("*.mp4")) == [f"episode_{i:04d}.mp4" for i in range(3)]

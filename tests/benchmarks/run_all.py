@@ -15,8 +15,8 @@ them the fault suite (faults: every attack of the reliability issue on a real ru
 printed as it ends); --quick ~55, ~30 of them learning. Benchmarks are not tests: nothing here
 asserts a timing.
 
-Two component benchmarks are not part of the default run (their figures are inputs of the
-ones above, not goals): --only env_throughput,policy_throughput runs them.
+Three component benchmarks are not part of the default run (their figures are inputs of the
+ones above, not goals): --only env_throughput,policy_throughput,eval_throughput runs them.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tests.benchmarks import report, results_page
 
 DEFAULT = ("async_sync", "weight_publish", "transport", "actor_scaling", "learner_scaling", "learning", "multinode",
            "faults")
-EXTRA = ("env_throughput", "policy_throughput")
+EXTRA = ("env_throughput", "policy_throughput", "eval_throughput")
 
 
 def main() -> int:
