@@ -22,7 +22,8 @@ def add_parser(sub) -> None:
     p.add_argument("path", metavar="CHECKPOINT_OR_EXPORT", help="run dir, checkpoint dir or export dir")
     p.add_argument("--env", metavar="ID", help="env id (default: the run's env.id)")
     p.add_argument("--episodes", type=int, help="episodes to run (default: the run's eval.num_episodes)")
-    p.add_argument("--num-envs", type=int, help="envs stepped together (default: the run's eval.num_envs, at most --episodes)")
+    p.add_argument("--num-envs", type=int,
+                   help="envs stepped together (default: the run's eval.num_envs, at most --episodes)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--greedy", dest="greedy", action="store_true", default=None,
                       help="take the most likely action tokens (default: the run's eval.greedy)")

@@ -267,7 +267,8 @@ def _evaluate(engine, eval_policy, val, ids, mask, engine_cfg, step, evaluate) -
     if val is not None:
         engine.eval()
         losses, values, head_stats = [], [], {}
-        for i, rows in enumerate(np.array_split(np.arange(len(val)), -(-len(val) // engine_cfg.learner.micro_batch_size))):
+        micro = engine_cfg.learner.micro_batch_size
+        for i, rows in enumerate(np.array_split(np.arange(len(val)), -(-len(val) // micro))):
             loss, value, _, stats = _forward(engine, val, rows, ids, mask, engine_cfg, seed=i)
             losses.append(loss)
             values.append(value)
