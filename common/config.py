@@ -60,6 +60,10 @@ class EnvConfig:
                                      "policy.image_size: nothing to resize, and at 64 px 4x fewer pixels "
                                      "than the default 128 to render on a CPU; null: the camera's own size, "
                                      "resized to policy.image_size", ge=16, le=1024)
+    robot_visual: str = opt("mesh", "how the cameras draw the robot: mesh (its visual meshes, ~135 k "
+                            "triangles for the Panda) or hull (its convex collision hulls, ~2 k: the same "
+                            "shape, faceted; a 64 px frame on the software renderer ~4x cheaper, "
+                            "actors/envs/robot_hulls.py)", choices=["mesh", "hull"])
     use_proprio: bool = opt(False, "also give the policy the robot's proprioceptive state")
     control_mode: str = opt("pd_ee_delta_pose", "ManiSkill controller; pd_ee_delta_pose is 7-D like OpenVLA")
     reward_mode: str = opt("normalized_dense", "ManiSkill reward mode; a dense one with episodes that "

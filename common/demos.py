@@ -77,12 +77,16 @@ class DemoSpec:
 
 
 def camera_settings(env_cfg) -> dict:
-    """The camera keys a config sets (env.camera_pose, camera_fov, render_size), as recorded in a
-    demo file's env_info.env_kwargs.camera_settings: frames from another camera are refused."""
+    """The camera keys a config sets (env.camera_pose, camera_fov, render_size, and robot_visual
+    when not ManiSkill's own "mesh"), as recorded in a demo file's
+    env_info.env_kwargs.camera_settings: frames from another camera, or of another-looking robot,
+    are refused."""
     out = {k: getattr(env_cfg, k) for k in ("camera_pose", "camera_fov", "render_size")
            if getattr(env_cfg, k) is not None}
     if "camera_pose" in out:
         out["camera_pose"] = [float(v) for v in out["camera_pose"]]
+    if getattr(env_cfg, "robot_visual", "mesh") != "mesh":
+        out["robot_visual"] = env_cfg.robot_visual
     return out
 
 
@@ -207,7 +211,8 @@ def _check_env_info(js: Path, info: dict, spec: DemoSpec) -> None:
         if recorded != wanted:
             raise DemoError(f"{js}: field 'env_info.env_kwargs.camera_settings': the demos were rendered with "
                             f"{recorded or 'the task camera as it is'}, this config sets "
-                            f"{wanted or 'none'} (env.camera_pose, env.camera_fov, env.render_size); "
+                            f"{wanted or 'none'} (env.camera_pose, env.camera_fov, env.render_size, "
+                            "env.robot_visual); "
                             "collect them again with this config")
     obs_mode = kwargs.get("obs_mode")
     if obs_mode is not None and "rgb" not in str(obs_mode):

@@ -82,6 +82,10 @@ def collect(cfg, out_dir, fmt: str = "maniskill", fps: int = LEROBOT_FPS) -> dic
     if method == "motion_planning" and cfg.env.id == PIXEL_REACH_ID:
         raise ValueError(f"collect.method=motion_planning is for ManiSkill tasks; {PIXEL_REACH_ID} has a "
                          "scripted oracle: collect.method=scripted")
+    if method == "motion_planning" and cfg.env.robot_visual != "mesh":
+        raise ValueError(f"env.robot_visual={cfg.env.robot_visual!r}: collect.method=motion_planning renders "
+                         "its demos with ManiSkill's replay tool, which draws the robot's visual meshes; "
+                         "set env.robot_visual=mesh, or use collect.method=scripted")
     camera = camera_settings(cfg.env)
     if method == "motion_planning" and camera:
         key = next(iter(camera))

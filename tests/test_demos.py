@@ -15,7 +15,8 @@ from asyncvla.actors.experts import push_cube_action
 from asyncvla.actors.envs.pixel_task import PixelReachEnv
 from asyncvla.common.config import EnvConfig, load_config
 from asyncvla.actors.envs.maniskill import flat_state
-from asyncvla.common.demos import DemoError, DemoSpec, find_files, flat_states, read_demos, write_demos
+from asyncvla.common.demos import (DemoError, DemoSpec, camera_settings, find_files, flat_states, read_demos,
+                                  write_demos)
 from tests.support.paths import PIXEL
 
 
@@ -148,6 +149,11 @@ def test_frames_of_another_camera_are_refused(tmp_path):
     with pytest.raises(DemoError, match=r"camera_settings.*\{'render_size': 64\}.*collect them again"):
         read_demos(out, DemoSpec(action_dim=7, image_size=64, camera_settings=(("render_size", 64),)))
     assert len(read_demos(out, DemoSpec(action_dim=7, image_size=64, camera_settings=()))) == 2
+    # the robot drawn from its hulls is another image too; ManiSkill's own meshes record nothing
+    hull = tuple(sorted(camera_settings(EnvConfig(robot_visual="hull")).items()))
+    assert hull == (("robot_visual", "hull"),) and camera_settings(EnvConfig()) == {}
+    with pytest.raises(DemoError, match=r"camera_settings.*\{'robot_visual': 'hull'\}.*env.robot_visual"):
+        read_demos(out, DemoSpec(action_dim=7, image_size=64, camera_settings=hull))
 
 
 def test_the_state_is_agent_then_extra_each_in_name_order(tmp_path):

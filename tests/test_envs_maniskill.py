@@ -244,7 +244,8 @@ def test_scripted_push_cube_demos_in_the_rl_control_mode(tmp_path):
     meta = json.loads((out / "trajectory.json").read_text())
     assert meta["env_info"]["env_kwargs"]["control_mode"] == "pd_ee_delta_pos"
     assert meta["source_type"] == "scripted"
-    camera = {"camera_pose": [0.5, 0.0, 0.35, 0.05, 0.0, 0.02], "camera_fov": 0.8, "render_size": 64}
+    camera = {"camera_pose": [0.5, 0.0, 0.35, 0.05, 0.0, 0.02], "camera_fov": 0.8, "render_size": 64,
+              "robot_visual": "hull"}                      # (configs/maniskill.yaml draws the robot's hulls)
     assert meta["env_info"]["env_kwargs"]["camera_settings"] == camera
     spec = DemoSpec(action_dim=4, control_mode="pd_ee_delta_pos", state_dim=25, env_id="PushCube-v1",
                     camera_settings=tuple(sorted(camera.items())))
@@ -299,3 +300,56 @@ def test_a_groups_episodes_start_from_one_initial_state_whichever_env_runs_them(
         assert all(np.array_equal(first[s][k], first[3][k]) for s in (4, 5) for k in first[3])
     finally:
         env.close()
+
+
+def test_flat_shading_gives_each_triangle_its_own_corners_and_normal():
+    """A tetrahedron: the same faces, corner for corner, each with the unit normal of its plane."""
+    from asyncvla.actors.envs.robot_hulls import flat_shaded
+    vertices = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], np.float32)
+    triangles = np.array([[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3]], np.uint32)
+    v, tris, normals = flat_shaded(vertices, triangles)
+    assert v.shape == normals.shape == (12, 3) and tris.dtype == np.uint32
+    np.testing.assert_array_equal(v[tris], vertices[triangles])
+    for face in range(4):
+        a, b, c = v[tris[face]]
+        n = normals[tris[face]]
+        np.testing.assert_allclose(n, np.broadcast_to(n[0], (3, 3)))      # one normal per face
+        np.testing.assert_allclose(np.linalg.norm(n[0]), 1.0, rtol=1e-6)
+        np.testing.assert_allclose([n[0] @ (b - a), n[0] @ (c - a)], 0.0, atol=1e-6)
+        assert n[0] @ (a - vertices.mean(0)) > 0          # outward, as the hull's winding says
+
+
+def test_robot_drawn_from_its_hulls_looks_the_same_and_moves_the_same():
+    """env.robot_visual=hull: the Panda's links render from their collision hulls (a few thousand
+    triangles instead of ~135 k); the physics is the same, and the frames differ from the visual
+    meshes' only where the arm is, and there only in shading, not in where it stands."""
+    import sapien
+
+    def push_cube(robot_visual):
+        cfg = EnvConfig(id="PushCube-v1", control_mode="pd_ee_delta_pos", camera_fov=0.8,
+                        camera_pose=[0.5, 0.0, 0.35, 0.05, 0.0, 0.02], render_size=SIZE, use_proprio=True,
+                        robot_visual=robot_visual)
+        return make_env(cfg, 1, SIZE, K, "chunk_level", seed=5, action_dim=4)
+
+    mesh, hull = push_cube("mesh"), push_cube("hull")
+    try:
+        def robot_triangles(env):
+            base = env._envs[0].runner.base
+            total = 0
+            for link in base.agent.robot.get_links():
+                for body in link._objs[0].entity.components:
+                    if isinstance(body, sapien.render.RenderBodyComponent) and body.is_enabled:
+                        total += sum(len(p.get_triangles()) for s in body.render_shapes for p in s.parts)
+            return total
+        assert robot_triangles(mesh) > 100_000 and 0 < robot_triangles(hull) < 5_000
+        a, b = mesh.reset(seed=3), hull.reset(seed=3)
+        np.testing.assert_array_equal(a["state"], b["state"])
+        down = np.tile(np.array([0.6, 0.0, -0.6, -1.0], np.float32), (1, K, 1))   # the hand into view
+        for _ in range(3):
+            a, b = mesh.step_chunk(down).obs, hull.step_chunk(down).obs
+        np.testing.assert_allclose(a["state"], b["state"], atol=1e-5)
+        diff = np.abs(a["image"].astype(int) - b["image"]).max(-1)
+        assert 0 < (diff > 0).mean() and (diff > 40).mean() < 0.05
+    finally:
+        mesh.close()
+        hull.close()

@@ -64,3 +64,11 @@ def test_a_task_without_a_solution_names_those_that_have_one(tmp_path):
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert err[-1].startswith("asyncvla collect: env.render_size=64: collect.method=motion_planning"), err
+    # ... and it draws the robot's visual meshes: the hulls are refused too
+    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "collect", str(QUICKSTART),
+                        "collect.method=motion_planning", "env.robot_visual=hull", "--episodes", "1",
+                        "--out", str(tmp_path / "f")], capture_output=True, text=True, timeout=300)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert err[-1].startswith("asyncvla collect: env.robot_visual='hull': collect.method=motion_planning"), \
+        err

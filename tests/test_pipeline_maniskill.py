@@ -70,7 +70,8 @@ def test_maniskill_pipeline_runs_every_stage_resumes_after_ctrl_c_and_caches(tmp
         assert len(g["obs/sensor_data/base_camera/rgb"]) == len(g["actions"]) + 1
     assert "2 kept" in first, first[-3000:]
     meta = json.loads((run_dir / "demos" / "trajectory.json").read_text())
-    assert meta["env_info"]["env_kwargs"]["camera_settings"]["render_size"] == 64    # SFT checked it
+    settings = meta["env_info"]["env_kwargs"]["camera_settings"]           # SFT checked them
+    assert settings["render_size"] == 64 and settings["robot_visual"] == "hull"
     policy = json.loads((run_dir / "sft" / "policy" / "policy.json").read_text())
     assert policy["policy"]["state_dim"] == 25
 

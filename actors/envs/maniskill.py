@@ -29,6 +29,7 @@ from asyncvla.actors.envs import pool
 from asyncvla.actors.envs.base import (ChunkStep, EpisodeTracker, ResetSeeds, check_actions,
                                        check_reward_type, reduce_reward, resize_images, run_chunk)
 from asyncvla.actors.envs.instructions import instruction_for
+from asyncvla.actors.envs.robot_hulls import draw_robot_with_hulls
 
 START_TIMEOUT_S = 600.0   # creating an env takes 5-10 s alone, much longer on a busy machine
 STEP_TIMEOUT_S = 600.0
@@ -51,6 +52,7 @@ class RunnerSpec:
     camera_pose: Optional[tuple] = None      # (eye xyz, target xyz)
     camera_fov: Optional[float] = None
     render_size: Optional[int] = None
+    robot_visual: str = "mesh"               # or "hull": actors/envs/robot_hulls.py
 
 
 def runner_spec(cfg, image_size: int) -> RunnerSpec:
@@ -58,7 +60,7 @@ def runner_spec(cfg, image_size: int) -> RunnerSpec:
                       cfg.max_episode_steps, cfg.camera, cfg.use_proprio, image_size,
                       cfg.ignore_terminations, cfg.auto_reset,
                       tuple(cfg.camera_pose) if cfg.camera_pose is not None else None, cfg.camera_fov,
-                      cfg.render_size)
+                      cfg.render_size, cfg.robot_visual)
 
 
 def make_kwargs(spec: RunnerSpec, sim_backend: str, num_envs: int) -> dict:
@@ -89,13 +91,14 @@ def sensor_settings(spec: RunnerSpec) -> dict:
 
 
 def make(spec: RunnerSpec, sim_backend: str, num_envs: int):
-    """gym.make of the task; a camera that ManiSkill does not know (its sensor_configs take an
-    unknown name for a setting of every camera) is named in one line with the task's cameras."""
+    """gym.make of the task, its robot drawn from its hulls where spec.robot_visual says so; a
+    camera that ManiSkill does not know (its sensor_configs take an unknown name for a setting of
+    every camera) is named in one line with the task's cameras."""
     import gymnasium as gym
     import mani_skill.envs  # noqa: F401  (registers the tasks)
     kwargs = make_kwargs(spec, sim_backend, num_envs)
     try:
-        return gym.make(spec.env_id, **kwargs)
+        env = gym.make(spec.env_id, **kwargs)
     except (AttributeError, AssertionError) as e:
         if "sensor_configs" not in kwargs:
             raise
@@ -104,6 +107,9 @@ def make(spec: RunnerSpec, sim_backend: str, num_envs: int):
             raise ValueError(problem) from None
         raise ValueError(f"ManiSkill refused the settings of camera {spec.camera!r} (env.camera_pose, "
                          f"env.camera_fov, env.render_size): {e}") from None
+    if spec.robot_visual == "hull":
+        draw_robot_with_hulls(env.unwrapped)
+    return env
 
 
 def camera_problem(env_id: str, camera: str, render_backend: str = "cpu") -> Optional[str]:

@@ -3,7 +3,9 @@
 PixelReach-v0 at 64 px with 1, 8 and 64 envs in one process (K = 1 and 4 env steps per chunk),
 plus its success rate under a random and a scripted policy; ManiSkill PushCube-v1 from RGB (CPU
 physics, software renderer, 128 px camera resized to 64) with 1 env (in process) and 2 envs
-(worker processes). "per env" = total / num_envs.
+(worker processes), and PushCube-v1 as configs/maniskill.yaml renders it (the framed camera at
+64 px, 1 env, K = 4) with the robot drawn from its visual meshes and from its collision hulls
+(env.robot_visual). "per env" = total / num_envs.
 
     python -m tests.benchmarks.env_throughput [--quick] [--out bench_results/env_throughput.json]
 """
@@ -46,6 +48,17 @@ def run(quick: bool = False) -> dict:
             finally:
                 env.close()
             results["maniskill"].append({**row, "create_s": round(create_s, 2)})
+    framed = dict(id="PushCube-v1", control_mode="pd_ee_delta_pos", camera_fov=0.8,
+                  camera_pose=[0.5, 0.0, 0.35, 0.05, 0.0, 0.02], render_size=IMAGE_SIZE, use_proprio=True,
+                  max_episode_steps=50)
+    for robot_visual in ("mesh", "hull"):
+        env = make_env(EnvConfig(**framed, robot_visual=robot_visual), 1, IMAGE_SIZE, 4, "chunk_level",
+                       seed=0, action_dim=4)
+        try:
+            row = _measure(env, f"PushCube-v1 framed 64 px, robot {robot_visual}", maniskill_chunks * 4)
+        finally:
+            env.close()
+        results["maniskill"].append(row)
     return results
 
 
