@@ -85,7 +85,7 @@ def camera_settings(env_cfg) -> dict:
            if getattr(env_cfg, k) is not None}
     if "camera_pose" in out:
         out["camera_pose"] = [float(v) for v in out["camera_pose"]]
-    if getattr(env_cfg, "robot_visual", "mesh") != "mesh":
+    if env_cfg.robot_visual != "mesh":
         out["robot_visual"] = env_cfg.robot_visual
     return out
 

@@ -4,7 +4,7 @@ On the software renderer (lavapipe) a frame's cost is set by the triangles it sh
 pixels: every vertex is transformed even when it lies outside the view. ManiSkill's Panda has
 ~135 k visual triangles; its links' convex collision hulls have ~150-260 each. At 64 px over the
 workspace a PushCube frame takes ~17 ms with the visual meshes and ~4 ms with the hulls, and the
-robot looks the same shape and colour in the image, only faceted (docs/pipeline.md).
+robot looks the same shape and colour in the image, only faceted (docs/performance.md).
 
 The swap is made once, after the env is built: each link keeps its visual render body, disabled,
 and gains one made of its hulls (flat-shaded, in the colour of its largest visual part); a link
@@ -16,6 +16,7 @@ which these envs never ask for (reconfiguration_freq 0), so the swap holds for t
 from __future__ import annotations
 
 import numpy as np
+
 
 def flat_shaded(vertices: np.ndarray, triangles: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(vertices [3n,3], triangles [n,3], normals [3n,3]) of a triangle mesh with each triangle's
