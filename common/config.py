@@ -64,6 +64,9 @@ class EnvConfig:
                             "triangles for the Panda) or hull (its convex collision hulls, ~2 k: the same "
                             "shape, faceted; a 64 px frame on the software renderer ~4x cheaper, "
                             "actors/envs/robot_hulls.py)", choices=["mesh", "hull"])
+    robot_uids: Optional[str] = opt(None, "ManiSkill robot to load (gym.make's robot_uids), e.g. "
+                                    "panda_wristcam: the Panda with a camera on its hand "
+                                    "(env.camera: hand_camera); null: the task's own")
     use_proprio: bool = opt(False, "also give the policy the robot's proprioceptive state")
     control_mode: str = opt("pd_ee_delta_pose", "ManiSkill controller; pd_ee_delta_pose is 7-D like OpenVLA")
     reward_mode: str = opt("normalized_dense", "ManiSkill reward mode; a dense one with episodes that "

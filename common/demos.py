@@ -77,8 +77,8 @@ class DemoSpec:
 
 
 def camera_settings(env_cfg) -> dict:
-    """The camera keys a config sets (env.camera_pose, camera_fov, render_size, and robot_visual
-    when not ManiSkill's own "mesh"), as recorded in a demo file's
+    """The camera keys a config sets (env.camera_pose, camera_fov, render_size, robot_uids, and
+    robot_visual when not ManiSkill's own "mesh"), as recorded in a demo file's
     env_info.env_kwargs.camera_settings: frames from another camera, or of another-looking robot,
     are refused."""
     out = {k: getattr(env_cfg, k) for k in ("camera_pose", "camera_fov", "render_size")
@@ -87,6 +87,8 @@ def camera_settings(env_cfg) -> dict:
         out["camera_pose"] = [float(v) for v in out["camera_pose"]]
     if env_cfg.robot_visual != "mesh":
         out["robot_visual"] = env_cfg.robot_visual
+    if env_cfg.robot_uids is not None:
+        out["robot_uids"] = env_cfg.robot_uids
     return out
 
 
@@ -212,7 +214,7 @@ def _check_env_info(js: Path, info: dict, spec: DemoSpec) -> None:
             raise DemoError(f"{js}: field 'env_info.env_kwargs.camera_settings': the demos were rendered with "
                             f"{recorded or 'the task camera as it is'}, this config sets "
                             f"{wanted or 'none'} (env.camera_pose, env.camera_fov, env.render_size, "
-                            "env.robot_visual); "
+                            "env.robot_visual, env.robot_uids); "
                             "collect them again with this config")
     obs_mode = kwargs.get("obs_mode")
     if obs_mode is not None and "rgb" not in str(obs_mode):

@@ -32,7 +32,7 @@ def env_problems(cfg: Config) -> list[str]:
     if cfg.env.id == PIXEL_REACH_ID:
         return []
     from asyncvla.actors.envs.maniskill import camera_problem
-    problem = camera_problem(cfg.env.id, cfg.env.camera, cfg.env.render_backend)
+    problem = camera_problem(cfg.env.id, cfg.env.camera, cfg.env.render_backend, cfg.env.robot_uids)
     return [problem] if problem else []
 
 

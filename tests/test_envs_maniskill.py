@@ -353,3 +353,35 @@ def test_robot_drawn_from_its_hulls_looks_the_same_and_moves_the_same():
     finally:
         mesh.close()
         hull.close()
+
+
+def test_wrist_camera_robot_renders_its_hand_camera_alone_and_its_camera_model_as_a_box():
+    """env.robot_uids=panda_wristcam with env.camera=hand_camera: the policy sees the hand camera,
+    which is the only camera rendered; with env.robot_visual=hull the camera model on the wrist
+    (425 k triangles, no collision shape) is drawn as its bounding box, so the whole robot stays
+    under 5 k triangles. An unknown robot is named with ManiSkill's robots."""
+    import sapien
+
+    from asyncvla.actors.envs.maniskill import camera_problem
+
+    cfg = EnvConfig(id="PickCube-v1", control_mode="pd_ee_delta_pos", robot_uids="panda_wristcam",
+                    camera="hand_camera", render_size=SIZE, use_proprio=True, robot_visual="hull")
+    env = make_env(cfg, 1, SIZE, K, "chunk_level", seed=5, action_dim=4)
+    try:
+        base = env._envs[0].runner.base
+        assert list(base._sensors) == ["hand_camera"]
+        camera_link = next(link for link in base.agent.robot.get_links() if link.name == "camera_link")
+        bodies = [b for b in camera_link._objs[0].entity.components
+                  if isinstance(b, sapien.render.RenderBodyComponent) and b.is_enabled]
+        assert [sum(len(p.get_triangles()) for s in b.render_shapes for p in s.parts) for b in bodies] == [12]
+        first = env.reset(seed=3)["image"]
+        down = np.tile(np.array([0.0, 0.0, -1.0, 1.0], np.float32), (1, K, 1))     # the hand down to the table
+        later = env.step_chunk(down).obs["image"]
+        assert first.shape == later.shape == (1, SIZE, SIZE, 3)
+        assert (np.abs(first.astype(int) - later).max(-1) > 40).mean() > 0.1         # the view moved with the hand
+    finally:
+        env.close()
+    assert camera_problem("PickCube-v1", "hand_camera", robot_uids="panda_wristcam") is None
+    assert "its cameras: ['base_camera']" in camera_problem("PickCube-v1", "hand_camera")
+    problem = camera_problem("PickCube-v1", "hand_camera", robot_uids="panda_wrist")
+    assert "env.robot_uids='panda_wrist' is not a ManiSkill robot" in problem and "'panda_wristcam'" in problem

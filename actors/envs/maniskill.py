@@ -53,6 +53,7 @@ class RunnerSpec:
     camera_fov: Optional[float] = None
     render_size: Optional[int] = None
     robot_visual: str = "mesh"               # or "hull": actors/envs/robot_hulls.py
+    robot_uids: Optional[str] = None         # None: the task's own robot
 
 
 def runner_spec(cfg, image_size: int) -> RunnerSpec:
@@ -60,7 +61,7 @@ def runner_spec(cfg, image_size: int) -> RunnerSpec:
                       cfg.max_episode_steps, cfg.camera, cfg.use_proprio, image_size,
                       cfg.ignore_terminations, cfg.auto_reset,
                       tuple(cfg.camera_pose) if cfg.camera_pose is not None else None, cfg.camera_fov,
-                      cfg.render_size, cfg.robot_visual)
+                      cfg.render_size, cfg.robot_visual, cfg.robot_uids)
 
 
 def make_kwargs(spec: RunnerSpec, sim_backend: str, num_envs: int) -> dict:
@@ -68,6 +69,8 @@ def make_kwargs(spec: RunnerSpec, sim_backend: str, num_envs: int) -> dict:
     kwargs = dict(num_envs=num_envs, obs_mode=spec.obs_mode, control_mode=spec.control_mode,
                   reward_mode=spec.reward_mode, sim_backend=sim_backend,
                   render_backend=spec.render_backend)
+    if spec.robot_uids is not None:
+        kwargs["robot_uids"] = spec.robot_uids
     if spec.max_episode_steps is not None:
         kwargs["max_episode_steps"] = spec.max_episode_steps
     camera = sensor_settings(spec)
@@ -91,9 +94,10 @@ def sensor_settings(spec: RunnerSpec) -> dict:
 
 
 def make(spec: RunnerSpec, sim_backend: str, num_envs: int):
-    """gym.make of the task, its robot drawn from its hulls where spec.robot_visual says so; a
-    camera that ManiSkill does not know (its sensor_configs take an unknown name for a setting of
-    every camera) is named in one line with the task's cameras."""
+    """gym.make of the task, its robot drawn from its hulls where spec.robot_visual says so, and
+    rendering only the camera the policy sees; a camera that ManiSkill does not know (its
+    sensor_configs take an unknown name for a setting of every camera) is named in one line with
+    the task's cameras."""
     import gymnasium as gym
     import mani_skill.envs  # noqa: F401  (registers the tasks)
     kwargs = make_kwargs(spec, sim_backend, num_envs)
@@ -102,25 +106,43 @@ def make(spec: RunnerSpec, sim_backend: str, num_envs: int):
     except (AttributeError, AssertionError) as e:
         if "sensor_configs" not in kwargs:
             raise
-        problem = camera_problem(spec.env_id, spec.camera, spec.render_backend)
+        problem = camera_problem(spec.env_id, spec.camera, spec.render_backend, spec.robot_uids)
         if problem:
             raise ValueError(problem) from None
         raise ValueError(f"ManiSkill refused the settings of camera {spec.camera!r} (env.camera_pose, "
                          f"env.camera_fov, env.render_size): {e}") from None
     if spec.robot_visual == "hull":
         draw_robot_with_hulls(env.unwrapped)
+    render_only(env.unwrapped, spec.camera)
     return env
 
 
-def camera_problem(env_id: str, camera: str, render_backend: str = "cpu") -> Optional[str]:
+def render_only(base_env, camera: str) -> None:
+    """Stop rendering the cameras the policy does not see: an observation renders every camera of
+    the task, and with panda_wristcam's hand camera PickCube's 128 px base camera doubled the cost
+    of a step. Like the hull swap it holds until a reconfigure, which these envs never ask for."""
+    sensors = getattr(base_env, "_sensors", None)
+    if isinstance(sensors, dict) and camera in sensors:
+        for name in [n for n in sensors if n != camera]:
+            del sensors[name]
+
+
+def camera_problem(env_id: str, camera: str, render_backend: str = "cpu",
+                   robot_uids: Optional[str] = None) -> Optional[str]:
     """One line when env.id is not a ManiSkill task or env.camera is not one of its cameras, else
     None. Builds the task without observations (~1 s after ManiSkill's import), so that the launcher
     can say it before any process starts rather than an actor inside a traceback."""
     import gymnasium as gym
     import mani_skill.envs  # noqa: F401  (registers the tasks)
+    robot = {}
+    if robot_uids is not None:
+        from mani_skill.agents.registration import REGISTERED_AGENTS
+        if robot_uids not in REGISTERED_AGENTS:
+            return f"env.robot_uids={robot_uids!r} is not a ManiSkill robot; its robots: {sorted(REGISTERED_AGENTS)}"
+        robot = {"robot_uids": robot_uids}
     try:
         probe = gym.make(env_id, obs_mode="none", sim_backend="physx_cpu", render_backend=render_backend,
-                         num_envs=1)
+                         num_envs=1, **robot)
     except gym.error.Error as e:
         return f"env.id={env_id!r} is not a ManiSkill3 task nor PixelReach-v0 ({type(e).__name__}: {e})"
     try:

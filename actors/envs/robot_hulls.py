@@ -7,15 +7,21 @@ workspace a PushCube frame takes ~17 ms with the visual meshes and ~4 ms with th
 robot looks the same shape and colour in the image, only faceted (docs/performance.md).
 
 The swap is made once, after the env is built: each link keeps its visual render body, disabled,
-and gains one made of its hulls (flat-shaded, in the colour of its largest visual part); a link
-with no convex hull (the Panda's fingers collide as boxes) keeps its visual mesh. The physics and
-the other objects are untouched. ManiSkill rebuilds its scene only on a reconfigure,
-which these envs never ask for (reconfiguration_freq 0), so the swap holds for the env's life.
+and gains one made of its hulls (flat-shaded, in the colour of its largest visual part). A link
+with no convex collision hull keeps its visual mesh if that is small (the Panda's fingers collide
+as boxes: 624 triangles each), else it is drawn as that mesh's oriented bounding box: the wrist
+camera of `panda_wristcam` has no collision shape and a 425 k-triangle model (its convex hull
+alone has 12 k), which made a 64 px frame ~50 ms. The physics and the other objects are
+untouched. ManiSkill rebuilds its scene only on a reconfigure, which these envs never ask for
+(reconfiguration_freq 0), so the swap holds for the env's life.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+# A link without convex collision hulls keeps a visual mesh of up to this many triangles.
+MAX_KEPT_TRIANGLES = 5_000
 
 
 def flat_shaded(vertices: np.ndarray, triangles: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -31,7 +37,8 @@ def flat_shaded(vertices: np.ndarray, triangles: np.ndarray) -> tuple[np.ndarray
 
 def draw_robot_with_hulls(base_env) -> int:
     """Swap the render body of every robot link that has convex collision hulls for one made of
-    them, in every sub-scene. Returns the number of links swapped (0 for a robot with none)."""
+    them, and of every link with no hulls and a large visual mesh for that mesh's bounding box, in
+    every sub-scene. Returns the number of links swapped (0 for a robot with none)."""
     import sapien
 
     swapped = 0
@@ -39,20 +46,42 @@ def draw_robot_with_hulls(base_env) -> int:
         for component in link._objs:                # one per sub-scene
             entity = component.entity
             visual = entity.find_component_by_type(sapien.render.RenderBodyComponent)
-            hulls = [s for s in component.collision_shapes
-                     if isinstance(s, sapien.physx.PhysxCollisionShapeConvexMesh)]
-            if visual is None or not hulls or not visual.is_enabled:
+            if visual is None or not visual.is_enabled:
                 continue
+            hulls = [(hull.get_vertices() * hull.get_scale(), hull.get_triangles(), hull.get_local_pose())
+                     for hull in component.collision_shapes
+                     if isinstance(hull, sapien.physx.PhysxCollisionShapeConvexMesh)]
             parts = [p for shape in visual.render_shapes for p in shape.parts]
+            if not hulls and sum(len(p.get_triangles()) for p in parts) > MAX_KEPT_TRIANGLES:
+                hulls = [visual_box(visual)]
+            if not hulls:
+                continue
             material = max(parts, key=lambda p: len(p.get_triangles())).material
             body = sapien.render.RenderBodyComponent()
-            for hull in hulls:
-                v, tris, normals = flat_shaded(hull.get_vertices() * hull.get_scale(), hull.get_triangles())
+            for vertices, triangles, pose in hulls:
+                v, tris, normals = flat_shaded(vertices, triangles)
                 shape = sapien.render.RenderShapeTriangleMesh(v, tris, normals, np.zeros((len(v), 2), np.float32),
                                                               material)
-                shape.local_pose = hull.get_local_pose()
+                shape.local_pose = pose
                 body.attach(shape)
             visual.disable()
             entity.add_component(body)
             swapped += 1
     return swapped
+
+
+def visual_box(visual) -> tuple:
+    """(vertices, triangles, identity pose) of the oriented bounding box of a render body's meshes,
+    in its entity's frame."""
+    import sapien
+    import trimesh
+
+    points = []
+    for shape in visual.render_shapes:
+        pose = shape.local_pose.to_transformation_matrix()
+        scale = np.asarray(getattr(shape, "scale", (1.0, 1.0, 1.0)), np.float64)
+        for part in shape.parts:
+            v = np.asarray(part.get_vertices(), np.float64) * scale
+            points.append(v @ pose[:3, :3].T + pose[:3, 3])
+    box = trimesh.PointCloud(np.concatenate(points)).bounding_box_oriented
+    return np.asarray(box.vertices, np.float32), np.asarray(box.faces, np.uint32), sapien.Pose()
