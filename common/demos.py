@@ -81,14 +81,12 @@ def camera_settings(env_cfg) -> dict:
     robot_visual when not ManiSkill's own "mesh"), as recorded in a demo file's
     env_info.env_kwargs.camera_settings: frames from another camera, or of another-looking robot,
     are refused."""
-    out = {k: getattr(env_cfg, k) for k in ("camera_pose", "camera_fov", "render_size")
+    out = {k: getattr(env_cfg, k) for k in ("camera_pose", "camera_fov", "render_size", "robot_uids")
            if getattr(env_cfg, k) is not None}
     if "camera_pose" in out:
         out["camera_pose"] = [float(v) for v in out["camera_pose"]]
     if env_cfg.robot_visual != "mesh":
         out["robot_visual"] = env_cfg.robot_visual
-    if env_cfg.robot_uids is not None:
-        out["robot_uids"] = env_cfg.robot_uids
     return out
 
 

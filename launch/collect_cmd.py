@@ -90,8 +90,9 @@ def collect(cfg, out_dir, fmt: str = "maniskill", fps: int = LEROBOT_FPS) -> dic
     if method == "motion_planning" and camera:
         key = next(iter(camera))
         raise ValueError(f"env.{key}={getattr(cfg.env, key)!r}: collect.method=motion_planning renders "
-                         "the task's own camera (ManiSkill's replay tool); leave env.camera_pose, "
-                         "env.camera_fov and env.render_size unset, or use collect.method=scripted")
+                         "the task's own camera and robot (ManiSkill's replay tool); leave env.camera_pose, "
+                         "env.camera_fov, env.render_size and env.robot_uids unset, or use "
+                         "collect.method=scripted")
     if method == "scripted":
         # (ManiSkill: one env, so one worker process, per collect.num_procs)
         num_envs = c.num_envs if cfg.env.id == PIXEL_REACH_ID else c.num_procs
