@@ -81,6 +81,7 @@ def test_kill9_resume_and_standalone_actors(tmp_path):
     learner = start(learner_command(cfg, run / "launch_config.yaml"), tmp_path / "learner1.log")
     actor1 = start(actor_cmd(cfg, "standalone-1", run), tmp_path / "actor1.log")
     actor2 = None
+    actor1_paused = False
     watcher = VersionWatcher(cfg, run)
     try:
         # A second standalone actor joins after training began, contributes, then is killed.
@@ -103,24 +104,32 @@ def test_kill9_resume_and_standalone_actors(tmp_path):
         assert state["step"] == saved and state["version"] == saved
 
         # Resume from the run directory with 3 more steps to go; actor 1 keeps running and must
-        # rejoin by itself.
+        # rejoin by itself. It is paused (SIGSTOP) until the watcher has the first weights the new
+        # learner serves: with data the learner could train past the checkpoint's version before
+        # the watcher is welcomed, and only the newest version is served.
         cfg.checkpoint.resume = str(run)
         cfg.learner.max_steps = end = saved + 3
         (run / "resume_config.yaml").write_text(to_yaml(cfg))
+        os.killpg(actor1.pid, signal.SIGSTOP)
+        actor1_paused = True
         learner = start(learner_command(cfg, run / "resume_config.yaml"), tmp_path / "learner2.log")
         watcher.sub.reset()
         n_before = len(watcher.seen)
-        wait_for(lambda: len(watcher.seen) > n_before, 240, "weights after the restart", [learner, actor1])
+        wait_for(lambda: len(watcher.seen) > n_before, 240, "weights after the restart", [learner])
         version, tensors = watcher.seen[n_before]
         assert version == saved, (version, saved)             # the checkpoint's version, re-published
         shadow = state["ema"]["shadow"]                        # ... with the checkpoint's EMA bits
         assert tensors.keys() == shadow.keys()
         for k, v in tensors.items():
             np.testing.assert_array_equal(v, shadow[k].numpy(), err_msg=k)
+        os.killpg(actor1.pid, signal.SIGCONT)
+        actor1_paused = False
 
         assert learner.wait(timeout=300) == 0, (tmp_path / "learner2.log").read_text()[-3000:]
         assert actor1.wait(timeout=60) == 0, (tmp_path / "actor1.log").read_text()[-3000:]
     finally:
+        if actor1_paused:
+            os.killpg(actor1.pid, signal.SIGCONT)
         watcher.close()
         stop(learner, actor1, actor2)
 
