@@ -51,7 +51,7 @@ def collect_demos(cfg, num_episodes: int, action_noise: float, seed: int, num_en
     # A demonstration ends where the expert succeeds, whatever RL's env.ignore_terminations says:
     # past it the expert has nothing to show, and the demo would run to the time limit.
     env_cfg = dataclasses.replace(cfg.env, auto_reset=False, use_fixed_reset_state_ids=False,
-                                  ignore_terminations=False)
+                                  replay_failed_starts=0.0, ignore_terminations=False)
     num_envs = max(1, min(num_envs, num_episodes))
     env = make_env(env_cfg, num_envs, cfg.policy.image_size, 1, "action_level", seed, action_dim=D)
     rng = np.random.default_rng(seed)

@@ -88,6 +88,11 @@ class EnvConfig:
                                 ge=0.0)
     use_fixed_reset_state_ids: bool = opt(False, "reset to a fixed sequence of initial states: every "
                                           "reset() starts the sequence over (reproducible evaluation)")
+    replay_failed_starts: float = opt(0.0, "training only: the probability that an env's next episode "
+                                      "starts from the initial state of a recent unsolved episode (each "
+                                      "replayed until solved, at most 3 times) instead of a fresh one, so "
+                                      "the starts the policy fails train more often; 0: always fresh "
+                                      "(actors/envs/base.py ResetSeeds)", ge=0.0, le=1.0)
 
 
 # ------------------------------------------------------------------------------------ policy
@@ -566,6 +571,7 @@ def validate(config: Config, on_this_machine: bool = True) -> None:
     problems += _check_gaussian(config.policy.gaussian)
     problems += _check_value_augment(config)
     problems += _check_grpo(config)
+    problems += _check_replay(config)
     problems += _check_camera(config.env)
     if on_this_machine:
         problems += _check_placement(config.launch)
@@ -623,6 +629,19 @@ def _check_value_augment(config: "Config") -> list[str]:
         return [f"algorithm.value_augment_shift={shift} shifts the image of a critic that reads it; "
                 f"policy.value_encoder={encoder!r} does not: set policy.value_encoder=cnn or the shift to 0"]
     return []
+
+
+def _check_replay(config: "Config") -> list[str]:
+    """Replayed starts are restored from their seeds, one training episode at a time."""
+    p = config.env.replay_failed_starts
+    if not p:
+        return []
+    why = ("env.use_fixed_reset_state_ids=true: fixed initial states are for evaluation"
+           if config.env.use_fixed_reset_state_ids else
+           "algorithm.adv_type=grpo: its groups already repeat each start" if config.algorithm.adv_type == "grpo"
+           else "env.sim_backend=physx_cuda: the batched simulator's partial resets do not take seeds"
+           if config.env.sim_backend == "physx_cuda" else None)
+    return [f"env.replay_failed_starts={p} cannot be used with {why}; set it to 0"] if why else []
 
 
 def _check_grpo(config: "Config") -> list[str]:

@@ -35,7 +35,7 @@ def make_env(env_cfg, num_envs: int, image_size: int, num_action_chunks: int, re
                              auto_reset=env_cfg.auto_reset,
                              fixed_reset_states=env_cfg.use_fixed_reset_state_ids,
                              instruction=env_cfg.instruction, use_proprio=env_cfg.use_proprio,
-                             group_size=group_size)
+                             group_size=group_size, replay_failed=env_cfg.replay_failed_starts)
     from asyncvla.actors.envs.maniskill import ManiSkillBatchedEnv, ManiSkillCPUEnv
     cls = ManiSkillBatchedEnv if env_cfg.sim_backend == "physx_cuda" else ManiSkillCPUEnv
     return cls(env_cfg, num_envs, image_size, num_action_chunks, reward_type, seed, action_dim, group_size)

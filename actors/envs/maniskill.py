@@ -273,7 +273,8 @@ class ManiSkillCPUEnv:
         check_reward_type(reward_type)
         self.num_envs, self.num_action_chunks, self.reward_type = num_envs, num_action_chunks, reward_type
         self.instructions = [instruction_for(cfg.id, cfg.instruction)] * num_envs
-        self._seeds = ResetSeeds(seed, num_envs, cfg.use_fixed_reset_state_ids, group_size)
+        self._seeds = ResetSeeds(seed, num_envs, cfg.use_fixed_reset_state_ids, group_size,
+                                 cfg.replay_failed_starts)
         self._started = False
         spec = runner_spec(cfg, image_size)
         self._envs: list = []
@@ -317,6 +318,7 @@ class ManiSkillCPUEnv:
         results = [env.recv(STEP_TIMEOUT_S) for env in self._envs]
         done = np.array([r["final_obs"] is not None for r in results])
         for i in np.flatnonzero(done):
+            self._seeds.ended(int(i), results[i]["episode"]["success"])
             self._seeds.take(int(i))
         done_index = np.flatnonzero(done).astype(np.int64)
         episodes = []

@@ -48,7 +48,7 @@ class PixelReachEnv:
                  seed: int = 0, *, action_dim: int = 2, max_episode_steps: Optional[int] = None,
                  reward_mode: str = "dense", ignore_terminations: bool = False, auto_reset: bool = True,
                  fixed_reset_states: bool = False, instruction: Optional[str] = None,
-                 use_proprio: bool = False, group_size: int = 1):
+                 use_proprio: bool = False, group_size: int = 1, replay_failed: float = 0.0):
         check_reward_type(reward_type)
         if action_dim < 2:
             raise ValueError(f"{ENV_ID} needs action_dim >= 2 (x and y velocity), got {action_dim}")
@@ -61,7 +61,7 @@ class PixelReachEnv:
         self.max_episode_steps = max_episode_steps or DEFAULT_MAX_EPISODE_STEPS
         self.ignore_terminations, self.auto_reset = ignore_terminations, auto_reset
         self._instruction = instruction
-        self._seeds = ResetSeeds(seed, num_envs, fixed_reset_states, group_size)
+        self._seeds = ResetSeeds(seed, num_envs, fixed_reset_states, group_size, replay_failed)
         B = num_envs
         self._agent = np.zeros((B, 2))
         self._target = np.zeros((B, 2))
@@ -102,6 +102,8 @@ class PixelReachEnv:
         final_obs = self._observe(done)
         episodes = self._tracker.finish(done)
         if self.auto_reset:
+            for e in episodes:
+                self._seeds.ended(e["env"], e["success"])
             self._reset_envs(done)
         else:
             self._ended[done] = True
