@@ -116,6 +116,8 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
             meta = {"actor_id": actor_id, "incarnation": incarnation, "policy_version": version,
                     "num_steps": cfg.actor.rollout_length, "num_envs": env.num_envs,
                     "env_steps": info["env_steps"], "act_s": info["act_s"], "env_s": info["env_s"]}
+            if info["ep_replayed"]:     # env.replay_failed_starts: how many ended episodes were replays
+                meta.update(ep_replayed=info["ep_replayed"], ep_replayed_success=info["ep_replayed_success"])
             sent_all = True
             for meta, arrays in outbox.add(meta, arrays, info):
                 meta.update(seq=seq, token=client.token)    # the newest welcome's token: a rejoin renews it

@@ -130,6 +130,34 @@ def test_episode_metric_sums_are_float64():
     assert metrics.counts["return_sum"] == 4.0 * float(np.finfo(np.float32).max)
 
 
+def test_replayed_starts_are_counted_apart_from_fresh_ones():
+    """env.replay_failed_starts: segments say how many of their episodes were replays and how many
+    of those succeeded; the report gives their share and the fresh starts' success, counted here
+    against the episodes themselves, and leaves both out until a replay is seen."""
+    metrics = Metrics(None, progress_total=3, show_progress=False)
+    seg = make_segment(SPEC, B=4, episodes=4)
+    metrics.add_segment(seg, lag=0)
+    assert "env/fresh_episode_success" not in metrics.report(1, {}, {}, samples=1)
+    rows = [(True, True), (True, False), (False, True), (False, True), (False, False)]   # (replayed, success)
+    for replayed, success in rows:
+        seg = make_segment(SPEC, B=4, episodes=1)
+        seg.arrays["ep_success"][:] = success
+        if replayed:
+            seg.meta.update(ep_replayed=1, ep_replayed_success=int(success))
+        metrics.add_segment(seg, lag=0)
+    report = metrics.report(2, {}, {}, samples=1)
+    fresh = [s for r, s in rows if not r]
+    assert report["env/replayed_share"] == 2 / 5
+    assert report["env/fresh_episode_success"] == sum(fresh) / len(fresh)
+    assert report["env/episode_success"] == 3 / 5
+    metrics.add_segment(make_segment(SPEC, B=4, episodes=2), lag=0)   # no replay in this update: 0 %
+    assert metrics.report(3, {}, {}, samples=1)["env/replayed_share"] == 0.0
+    with pytest.raises(P.ValidationError, match="ep_replayed_success"):
+        P.check_segment_meta({**seg.meta, "ep_replayed": 1, "ep_replayed_success": 2})
+    with pytest.raises(P.ValidationError, match="ep_replayed"):
+        P.check_segment_meta({**seg.meta, "ep_replayed": -1})
+
+
 def test_windowed_success_matches_a_naive_count_and_stays_bounded():
     """learner.target_success's measure: the success rate over the newest whole updates holding at
     least n episodes, against a naive recount of the whole history at every update."""

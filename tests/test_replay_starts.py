@@ -69,11 +69,14 @@ def test_replay_is_refused_where_it_cannot_hold():
 def test_pixel_task_replays_the_initial_state_of_a_failed_episode():
     env = make_env(EnvConfig(id="PixelReach-v0", max_episode_steps=4, replay_failed_starts=1.0,
                              use_proprio=True), 1, 32, 4, "chunk_level", 0, action_dim=2)
-    starts = [env.reset()["state"][0]]
+    starts, replayed = [env.reset()["state"][0]], []
     for _ in range(2 * (REPLAY_TRIES + 1)):   # the pixel env picks its next start as one ends
         step = env.step_chunk(np.zeros((1, 4, 2), np.float32))     # standing still never solves
         assert step.truncated[0] and not step.episodes[0]["success"]
+        replayed.append(step.episodes[0]["replayed"])
         starts.append(step.obs["state"][0])
     n = 2 * (REPLAY_TRIES + 1)
     assert sum(np.array_equal(s, starts[0]) for s in starts[:n]) == REPLAY_TRIES + 1
     assert not any(np.array_equal(starts[n], s) for s in starts[:n])      # then a fresh start
+    # each ended episode says whether it was a replay: those whose start came before
+    assert replayed == [any(np.array_equal(starts[k], s) for s in starts[:k]) for k in range(n)]

@@ -246,6 +246,10 @@ class ResetSeeds:
         self.count[i] += 1
         return s
 
+    def replayed_now(self, i: int) -> bool:
+        """Whether env i's current episode started from a replayed (failed before) start."""
+        return bool(self.replayed[i] > 0)
+
     def ended(self, i: int, success: bool) -> None:
         """Env i's episode ended (before its next `take`): queue its start for a replay if it
         failed and replays are on."""

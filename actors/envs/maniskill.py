@@ -317,13 +317,12 @@ class ManiSkillCPUEnv:
             env.send("step_chunk", a[i], self._seeds.peek(i))
         results = [env.recv(STEP_TIMEOUT_S) for env in self._envs]
         done = np.array([r["final_obs"] is not None for r in results])
+        episodes = []
         for i in np.flatnonzero(done):
+            episodes.append({**results[i]["episode"], "env": int(i), "replayed": self._seeds.replayed_now(i)})
             self._seeds.ended(int(i), results[i]["episode"]["success"])
             self._seeds.take(int(i))
         done_index = np.flatnonzero(done).astype(np.int64)
-        episodes = []
-        for i in done_index:
-            episodes.append({**results[i]["episode"], "env": int(i)})
         rewards = np.stack([r["rewards"] for r in results]).astype(np.float32)
         final_obs = (_stack([results[i]["final_obs"] for i in done_index]) if len(done_index)
                      else _empty_like(results[0]["obs"]))
