@@ -46,7 +46,8 @@ def evaluate_policy(policy, env_cfg, policy_cfg, episodes: int, greedy: bool = T
     # Episodes end at success even where training ignores terminations: success counts at any
     # step either way, and ending there skips the rest of the episode.
     env_cfg = dataclasses.replace(env_cfg, auto_reset=False, use_fixed_reset_state_ids=True,
-                                  replay_failed_starts=0.0, use_proprio=policy_cfg.state_dim > 0, ignore_terminations=False)
+                                  replay_failed_starts=0.0, use_proprio=policy_cfg.state_dim > 0,
+                                  ignore_terminations=False)
     K, D = policy_cfg.num_action_chunks, policy_cfg.action_dim
     tokenize = InstructionCache(policy)
     generator = None

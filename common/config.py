@@ -636,12 +636,15 @@ def _check_replay(config: "Config") -> list[str]:
     p = config.env.replay_failed_starts
     if not p:
         return []
-    why = ("env.use_fixed_reset_state_ids=true: fixed initial states are for evaluation"
-           if config.env.use_fixed_reset_state_ids else
-           "algorithm.adv_type=grpo: its groups already repeat each start" if config.algorithm.adv_type == "grpo"
-           else "env.sim_backend=physx_cuda: the batched simulator's partial resets do not take seeds"
-           if config.env.sim_backend == "physx_cuda" else None)
-    return [f"env.replay_failed_starts={p} cannot be used with {why}; set it to 0"] if why else []
+    if config.env.use_fixed_reset_state_ids:
+        why = "env.use_fixed_reset_state_ids=true: fixed initial states are for evaluation"
+    elif config.algorithm.adv_type == "grpo":
+        why = "algorithm.adv_type=grpo: its groups already repeat each start"
+    elif config.env.sim_backend == "physx_cuda":
+        why = "env.sim_backend=physx_cuda: the batched simulator's partial resets do not take seeds"
+    else:
+        return []
+    return [f"env.replay_failed_starts={p} cannot be used with {why}; set it to 0"]
 
 
 def _check_grpo(config: "Config") -> list[str]:

@@ -246,15 +246,12 @@ class ResetSeeds:
         self.count[i] += 1
         return s
 
-    def replayed_now(self, i: int) -> bool:
-        """Whether env i's current episode started from a replayed (failed before) start."""
-        return bool(self.replayed[i] > 0)
-
-    def ended(self, i: int, success: bool) -> None:
+    def ended(self, i: int, success: bool) -> bool:
         """Env i's episode ended (before its next `take`): queue its start for a replay if it
-        failed and replays are on."""
+        failed and replays are on. Returns whether that episode was itself a replay."""
         if self.replay_failed and not success and self.replayed[i] < REPLAY_TRIES:
             self._failed.append((int(self._current[i]), int(self.replayed[i]) + 1))
+        return bool(self.replayed[i] > 0)
 
 
 def resize_images(images: np.ndarray, size: int) -> np.ndarray:
