@@ -13,7 +13,8 @@ import pytest
 from asyncvla.common.allocator import keep_freed_buffers
 
 # Receives 4 frames of 8 MB over loopback tcp, holds them and frees them together, as a learner
-# rank frees a batch of segments; prints the page faults per frame received after warming up.
+# rank frees a batch of segments; prints the page faults per frame received in each batch after
+# warming up.
 RECEIVE_AND_FREE = """
 import resource, sys
 import numpy as np, zmq
@@ -32,27 +33,36 @@ def batch():
     held = [pull.recv(copy=False) for _ in range(4)]
     del held
 
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
 batch(); batch()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+per_batch = []
 for _ in range(5):
+    before = faults()
     batch()
-print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20)
+    per_batch.append((faults() - before) / 4)
+print(*per_batch)
 """
 
 
-def faults_per_frame(mode: str) -> float:
+def faults_per_frame(mode: str) -> list[float]:
+    """Page faults per frame received, batch by batch."""
     out = subprocess.run([sys.executable, "-c", RECEIVE_AND_FREE, mode], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    return float(out.stdout.strip().splitlines()[-1])
+    return [float(x) for x in out.stdout.strip().splitlines()[-1].split()]
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc's (mallopt)")
 def test_kept_buffers_are_reused_without_page_faults():
     default, kept = faults_per_frame("default"), faults_per_frame("keep")
-    # glibc's default hands the 32 MB freed together back to the kernel: every 8 MB frame then
-    # faults in hundreds of fresh pages (about 600 here); kept, the next frames reuse them.
-    assert default > 100, default
-    assert kept < 5, kept
+    # glibc's default hands the 32 MB freed together back to the kernel: the next frames fault in
+    # fresh pages, ~1500 per 8 MB frame here, until its dynamic thresholds catch up a few batches
+    # later. Kept, the next frames reuse them. Now and then glibc gives ZeroMQ's I/O thread arena a
+    # fresh heap for one frame whatever the thresholds (seen once on a busy machine), so the kept
+    # run is read by its median batch.
+    assert max(default) > 100, default
+    assert sorted(kept)[len(kept) // 2] < 5, kept
 
 
 def test_bad_thresholds_are_refused():
