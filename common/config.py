@@ -242,6 +242,13 @@ class LearnerConfig:
                            "head together: a value loss far above the policy's shrinks the policy's step "
                            "(algorithm.value_norm keeps it O(1))", ge=0.0)
     lr_warmup_steps: int = opt(0, "linear LR warm-up in learner updates", ge=0)
+    lr_decay_style: str = opt("constant", "the policy's lr after warm-up: constant, or linear from learner.lr "
+                              "at the first update to learner.min_lr at update learner.lr_decay_iters, "
+                              "then held (the end of a run moves the policy less)",
+                              choices=["constant", "linear"])
+    lr_decay_iters: Optional[int] = opt(None, "learner updates the linear decay spans (null: learner.max_steps)",
+                                        ge=1)
+    min_lr: float = opt(0.0, "the policy's lr where the linear decay ends", ge=0.0)
     critic_warmup_steps: int = opt(0, "first updates in which only the value head trains (the policy's "
                                    "lr is 0): a warm start's critic, fit to demonstrations, first learns "
                                    "the RL returns before its advantages move the policy", ge=0)
@@ -572,6 +579,7 @@ def validate(config: Config, on_this_machine: bool = True) -> None:
     problems += _check_value_augment(config)
     problems += _check_grpo(config)
     problems += _check_replay(config)
+    problems += _check_lr_decay(config.learner)
     problems += _check_camera(config.env)
     if on_this_machine:
         problems += _check_placement(config.launch)
@@ -645,6 +653,12 @@ def _check_replay(config: "Config") -> list[str]:
     else:
         return []
     return [f"env.replay_failed_starts={p} cannot be used with {why}; set it to 0"]
+
+
+def _check_lr_decay(lc: "LearnerConfig") -> list[str]:
+    if lc.min_lr > lc.lr:
+        return [f"learner.min_lr={lc.min_lr} is above learner.lr={lc.lr}: the decay only lowers the lr"]
+    return []
 
 
 def _check_grpo(config: "Config") -> list[str]:

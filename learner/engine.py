@@ -136,7 +136,8 @@ def build_ds_config(cfg: Config, world_size: int, gradient_accumulation_steps: i
     }
 
 
-def warmup_schedule(warmup_steps: int, critic_warmup_steps: int = 0, steps_per_update: int = 1):
+def warmup_schedule(warmup_steps: int, critic_warmup_steps: int = 0, steps_per_update: int = 1,
+                    decay_iters: int | None = None, min_lr_fraction: float = 0.0):
     """Linear warm-up: update k (1-based) runs at lr * min(1, k / warmup_steps); constant after.
 
     Counted in learner updates: an update of `update_epochs` passes over `num_minibatches` takes
@@ -147,6 +148,10 @@ def warmup_schedule(warmup_steps: int, critic_warmup_steps: int = 0, steps_per_u
     ramps from update 1: the critic first learns the RL returns, which a warm start's critic (fit
     to demonstrations) does not predict, before its advantages move the policy.
 
+    With decay_iters = D the policy group's lr is also scaled by a linear decay, from 1 at update 1
+    to min_lr_fraction at update D + 1, then held there; the value head keeps its lr, so the critic
+    goes on tracking the returns while the policy settles.
+
     DeepSpeed's WarmupLR starts from warmup_min_lr (0 unless set) and repeats it for the first two
     updates; this LambdaLR gives each update its own step of the ramp. Its state (the optimizer
     step count) is saved in checkpoints.
@@ -154,8 +159,13 @@ def warmup_schedule(warmup_steps: int, critic_warmup_steps: int = 0, steps_per_u
     def ramp(n: int) -> float:
         return 1.0 if warmup_steps <= 1 else min(1.0, (n + 1) / warmup_steps)
 
+    def decay(n: int) -> float:
+        if decay_iters is None:
+            return 1.0
+        return 1.0 - (1.0 - min_lr_fraction) * min(1.0, n / decay_iters)
+
     def policy_factor(n: int) -> float:
-        return 0.0 if n < critic_warmup_steps else ramp(n - critic_warmup_steps)
+        return 0.0 if n < critic_warmup_steps else ramp(n - critic_warmup_steps) * decay(n)
 
     def per_update(factor):
         return lambda n: factor(n // steps_per_update)
@@ -165,6 +175,16 @@ def warmup_schedule(warmup_steps: int, critic_warmup_steps: int = 0, steps_per_u
                    for g in optimizer.param_groups]
         return torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
     return make
+
+
+def lr_schedule(cfg: Config):
+    """The run's schedule (`warmup_schedule`) from learner.* and the update's optimizer steps."""
+    lc = cfg.learner
+    linear = lc.lr_decay_style == "linear"
+    return warmup_schedule(lc.lr_warmup_steps, lc.critic_warmup_steps,
+                           cfg.algorithm.update_epochs * cfg.algorithm.num_minibatches,
+                           decay_iters=(lc.lr_decay_iters or lc.max_steps) if linear else None,
+                           min_lr_fraction=lc.min_lr / lc.lr)
 
 
 # ----------------------------------------------------------------------------------------- engine
@@ -201,9 +221,7 @@ def build_engine(model: nn.Module, cfg: Config, gradient_accumulation_steps: int
         ds_config = build_ds_config(cfg, dist.get_world_size(), gradient_accumulation_steps)
     groups = param_groups(model, cfg.learner.lr, cfg.learner.value_lr)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config,
-                                           lr_scheduler=warmup_schedule(
-                                               cfg.learner.lr_warmup_steps, cfg.learner.critic_warmup_steps,
-                                               cfg.algorithm.update_epochs * cfg.algorithm.num_minibatches))
+                                           lr_scheduler=lr_schedule(cfg))
     return engine
 
 

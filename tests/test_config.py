@@ -33,6 +33,8 @@ def test_defaults_and_override_order(tmp_path):
     (None, "actor.num_envs=0", ["actor.num_envs=0", ">= 1"]),
     (None, "algorithm.reward_type=per_token", ["algorithm.reward_type='per_token'", "chunk_level", "action_level"]),
     (None, "learner.rollout_ema_decay=1.0", ["learner.rollout_ema_decay=1.0", "< 1"]),
+    (None, "learner.min_lr=1e-3", ["learner.min_lr=0.001", "learner.lr=0.0001", "only lowers"]),
+    (None, "learner.lr_decay_style=cosine", ["learner.lr_decay_style='cosine'", "constant", "linear"]),
     (None, "algorithm.clip_ratio_c=0.5", ["algorithm.clip_ratio_c=0.5", "> 1"]),
     (None, "actor.num_envs", ["key=value"]),
     (None, "policy.action_low=[-1,0]", ["policy.action_low=[-1.0, 0.0]", "policy.action_dim=7"]),

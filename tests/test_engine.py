@@ -117,6 +117,46 @@ def test_warmups_count_learner_updates_not_optimizer_steps():
     assert seen == [(0.0, 0.5)] * 4 + [(0.5, 1.0)] * 4 + [(1.0, 1.0)] * 8
 
 
+def test_linear_decay_lowers_the_policy_lr_to_its_floor_and_holds_it():
+    p, v = torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([{"params": [p], "lr": 1.0, "name": "policy"},
+                           {"params": [v], "lr": 10.0, "name": "value_head"}])
+    sched = ds_engine.warmup_schedule(0, critic_warmup_steps=1, steps_per_update=2,
+                                      decay_iters=4, min_lr_fraction=0.2)(opt)
+    seen = []
+    for _ in range(14):
+        seen.append(tuple(round(g["lr"], 6) for g in opt.param_groups))
+        opt.step()
+        sched.step()
+    # update k (0-based) at 1 - 0.8 * min(1, k / 4), after one update of critic warm-up; the value
+    # head keeps its lr
+    policy = [0.0, 0.8, 0.6, 0.4, 0.2, 0.2, 0.2]
+    assert seen == [(lr, 10.0) for lr in policy for _ in range(2)]
+
+
+def test_the_configured_decay_spans_max_steps_unless_told(tmp_path):
+    p = torch.nn.Parameter(torch.zeros(1))
+
+    def lrs(**learner):
+        cfg = Config()
+        for k, val in learner.items():
+            setattr(cfg.learner, k, val)
+        cfg.algorithm.update_epochs, cfg.algorithm.num_minibatches = 1, 1
+        opt = torch.optim.SGD([{"params": [p], "lr": cfg.learner.lr, "name": "policy"}])
+        sched = ds_engine.lr_schedule(cfg)(opt)
+        out = []
+        for _ in range(6):
+            out.append(opt.param_groups[0]["lr"] / cfg.learner.lr)
+            opt.step()
+            sched.step()
+        return [round(x, 6) for x in out]
+
+    assert lrs() == [1.0] * 6
+    assert lrs(lr_decay_style="linear", max_steps=4) == [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
+    assert lrs(lr_decay_style="linear", max_steps=100, lr_decay_iters=2, lr=1e-4, min_lr=5e-5) == \
+        [1.0, 0.75, 0.5, 0.5, 0.5, 0.5]
+
+
 def test_incomplete_launcher_environment_is_refused(monkeypatch):
     for k in DIST_VARS:
         monkeypatch.delenv(k, raising=False)
