@@ -138,7 +138,8 @@ def build_ds_config(cfg: Config, world_size: int, gradient_accumulation_steps: i
 
 def warmup_schedule(warmup_steps: int, critic_warmup_steps: int = 0, steps_per_update: int = 1,
                     decay_iters: int | None = None, min_lr_fraction: float = 0.0):
-    """Linear warm-up: update k (1-based) runs at lr * min(1, k / warmup_steps); constant after.
+    """Linear warm-up: update k (1-based) runs at lr * min(1, k / warmup_steps); constant after,
+    unless decay_iters asks the policy's lr to decay (below).
 
     Counted in learner updates: an update of `update_epochs` passes over `num_minibatches` takes
     steps_per_update optimizer steps, and the engine steps the schedule once per optimizer step.

@@ -134,7 +134,7 @@ def test_linear_decay_lowers_the_policy_lr_to_its_floor_and_holds_it():
     assert seen == [(lr, 10.0) for lr in policy for _ in range(2)]
 
 
-def test_the_configured_decay_spans_max_steps_unless_told(tmp_path):
+def test_the_configured_decay_spans_max_steps_unless_told():
     p = torch.nn.Parameter(torch.zeros(1))
 
     def lrs(**learner):
