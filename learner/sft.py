@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from asyncvla.common.config import Config, to_dict, to_yaml
+from asyncvla.common.config import Config, LearnerConfig, to_dict, to_yaml
 from asyncvla.common.demos import DemoSpec, camera_settings, read_demos
 from asyncvla.common.lerobot import is_lerobot
 from asyncvla.common.policy import VLAPolicy
@@ -163,11 +163,13 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
     while step < sc.steps:
         batch = rng.choice(len(train), sc.batch_size, replace=len(train) < sc.batch_size)
         mine = batch[rank * per_rank:(rank + 1) * per_rank]      # every rank draws the same batch
+        lr = ds_engine.group_lrs(engine)["policy"]              # (what this step runs at)
         stats = _train_step(engine, train, mine, ids, mask, cfg, accum, rng)
         step += 1
         if writer is not None:
             for k, v in stats.items():
                 writer.add_scalar(f"sft/train_{k}", v, step)
+            writer.add_scalar("sft/lr", lr, step)
         bar.set_postfix_str(f"loss {stats['loss']:.3f}" + (f" acc {stats['token_accuracy']:.2f}"
                                                               if "token_accuracy" in stats else ""))
         bar.update(1)
@@ -208,12 +210,16 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
 
 # ----------------------------------------------------------------------------------- helpers
 def _engine_config(cfg: Config) -> Config:
-    """The RL engine's config with SFT's learning rates (no warm-up), ZeRO stage and micro-batch."""
+    """The config SFT's engine is built from. Its optimiser and schedule come from sft.* alone: a
+    constant sft.lr / sft.value_lr, no warm-up and no decay, on LearnerConfig's defaults for the
+    rest of the optimiser. From learner.* it takes only how the engine runs: precision, and the ZeRO
+    stage and micro-batch where sft.* leaves them null. (A copy of learner.* with some fields reset
+    let every other key leak in: learner.lr_decay_style=linear once decayed SFT's lr to 0.)"""
     sc, learner = cfg.sft, cfg.learner
-    learner = dataclasses.replace(learner, lr=sc.lr, value_lr=sc.value_lr, lr_warmup_steps=0, critic_warmup_steps=0,
-                                  zero_stage=learner.zero_stage if sc.zero_stage is None else sc.zero_stage,
-                                  micro_batch_size=sc.micro_batch_size or learner.micro_batch_size)
-    return dataclasses.replace(cfg, learner=learner)
+    own = LearnerConfig(lr=sc.lr, value_lr=sc.value_lr, precision=learner.precision,
+                        zero_stage=learner.zero_stage if sc.zero_stage is None else sc.zero_stage,
+                        micro_batch_size=sc.micro_batch_size or learner.micro_batch_size)
+    return dataclasses.replace(cfg, learner=own)
 
 
 def _tokenize(policy, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -20,11 +20,11 @@ from tests.support.paths import PIXEL
 LORA = ["policy.is_lora=true", "policy.lora_rank=4"]
 
 
-def sft(tmp_path, demos, steps):
+def sft(tmp_path, demos, steps, *overrides):
     return subprocess.run(
         [sys.executable, "-m", "asyncvla.launch.cli", "sft", str(PIXEL), f"sft.data={demos}", f"sft.steps={steps}",
          "sft.save_interval=2", "sft.eval_interval=2", "sft.eval_episodes=4", "sft.batch_size=16",
-         "sft.val_fraction=0.25", f"logging.output_dir={tmp_path}", "logging.experiment_name=s", *LORA],
+         "sft.val_fraction=0.25", f"logging.output_dir={tmp_path}", "logging.experiment_name=s", *LORA, *overrides],
         capture_output=True, text=True, timeout=300)
 
 
@@ -33,7 +33,9 @@ def test_sft_trains_logs_resumes_and_writes_a_policy_eval_and_export_take(tmp_pa
     episodes, _ = collect_demos(cfg, num_episodes=8, action_noise=0.2, seed=5, num_envs=8)
     write_demos(tmp_path / "demos", episodes, env_info(cfg))
 
-    r = sft(tmp_path, tmp_path / "demos", steps=4)
+    # (the RL learner's lr decay must not reach SFT: sft/lr stays sft.lr)
+    r = sft(tmp_path, tmp_path / "demos", 4, "sft.lr=0.002", "learner.lr_decay_style=linear",
+            "learner.lr_decay_iters=2")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     run = tmp_path / "s" / "sft"
     acc = EventAccumulator(str(run / "tb"))
@@ -43,6 +45,7 @@ def test_sft_trains_logs_resumes_and_writes_a_policy_eval_and_export_take(tmp_pa
                 "sft/val_token_accuracy", "sft/val_explained_variance", "sft/success_rate"):
         assert tag in tags, (tag, sorted(tags))
     assert [e.step for e in acc.Scalars("sft/val_loss")] == [2, 4]
+    assert [(e.step, round(e.value, 9)) for e in acc.Scalars("sft/lr")] == [(s, 0.002) for s in (1, 2, 3, 4)]
     assert (run / "checkpoints" / "step_00000004" / "COMPLETE.json").exists()
 
     # The policy changed, only where LoRA and the heads are, and loads on its own.
@@ -83,3 +86,39 @@ def test_sft_engine_takes_its_own_zero_stage_and_micro_batch_else_the_learners()
     assert (own.zero_stage, own.micro_batch_size) == (0, 64)
     with pytest.raises(ConfigError, match="sft.zero_stage=4"):
         load_config(str(PIXEL), ["sft.zero_stage=4"])
+
+
+# Every learner.* key that shapes the RL optimiser or its schedule, at a value other than its default.
+RL_OPTIMISER_KEYS = ["learner.lr=0.03", "learner.value_lr=0.04", "learner.adam_beta1=0.5", "learner.adam_beta2=0.9",
+                     "learner.adam_eps=0.01", "learner.weight_decay=0.1", "learner.clip_grad=0.25",
+                     "learner.lr_warmup_steps=7", "learner.critic_warmup_steps=5", "learner.lr_decay_style=linear",
+                     "learner.lr_decay_iters=2", "learner.min_lr=0.0001", "learner.max_steps=3",
+                     "algorithm.update_epochs=3", "algorithm.num_minibatches=5"]
+
+
+def sft_optimiser(overrides: list[str]) -> tuple[dict, list]:
+    """The DeepSpeed config SFT's engine gets, and its lr per group over 50 optimizer steps."""
+    from asyncvla.learner import engine as ds_engine
+    cfg = _engine_config(load_config(str(PIXEL), ["sft.lr=0.002", "sft.value_lr=0.003", *overrides]))
+    groups = [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": cfg.learner.lr, "name": "policy"},
+              {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": cfg.learner.value_lr, "name": "value_head"}]
+    opt = torch.optim.SGD(groups, lr=1.0)
+    sched = ds_engine.lr_schedule(cfg)(opt)
+    lrs = []
+    for _ in range(50):
+        lrs.append([g["lr"] for g in opt.param_groups])
+        opt.step()
+        sched.step()
+    return ds_engine.build_ds_config(cfg, world_size=2, gradient_accumulation_steps=2), lrs
+
+
+def test_no_learner_optimiser_or_schedule_key_changes_sft():
+    """SFT's optimiser and schedule come from sft.* alone: constant sft.lr and sft.value_lr, whatever
+    learner.* says about the RL run's optimiser, warm-ups or decay."""
+    base_config, base_lrs = sft_optimiser([])
+    assert base_lrs == [[0.002, 0.003]] * 50
+    for key in RL_OPTIMISER_KEYS:
+        ds_config, lrs = sft_optimiser([key])
+        assert (ds_config, lrs) == (base_config, base_lrs), key
+    ds_config, lrs = sft_optimiser(RL_OPTIMISER_KEYS)
+    assert (ds_config, lrs) == (base_config, base_lrs)
