@@ -18,7 +18,7 @@ setup: $(STAMP)
 # installed first: the pin takes a local CPU build where one is provided and the matching CUDA build
 # elsewhere; an unpinned `torch` would pull a multi-GB CUDA build onto CPU machines. Everything else
 # comes at the versions in constraints.txt, the set the tests last passed with.
-$(STAMP): setup.cfg pyproject.toml constraints.txt
+$(STAMP): setup.cfg setup.py pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip "setuptools>=68" wheel
 	$(PY) -m pip install -q torch==2.13.0
