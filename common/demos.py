@@ -141,8 +141,7 @@ def find_files(path) -> tuple[Path, Path]:
         if (p / H5_NAME).exists():
             h5s = [p / H5_NAME]
         if not h5s:
-            raise DemoError(f"{p}: no trajectory .h5 file in this directory (expected {H5_NAME} + "
-                            f"{JSON_NAME})")
+            raise DemoError(_no_trajectory_file(p))
         if len(h5s) > 1:
             raise DemoError(f"{p}: {len(h5s)} .h5 files ({', '.join(h.name for h in h5s)}); name one")
         h5 = h5s[0]
@@ -155,6 +154,22 @@ def find_files(path) -> tuple[Path, Path]:
         if not f.is_file():
             raise DemoError(f"{f}: missing (a demonstration set is a .h5 file and the .json beside it)")
     return h5, js
+
+
+def _no_trajectory_file(p: Path) -> str:
+    """Why directory `p` holds no trajectory file, in one line: a LeRobot dataset is named as one
+    (its reader, not this one, takes it), so a broken one is not reported as missing .h5 files."""
+    from asyncvla.common.lerobot import layout
+
+    if layout.is_lerobot(p):
+        return (f"{p}: a LeRobot dataset ({layout.INFO}), not ManiSkill's trajectory files; "
+                f"allowed here: a directory with {H5_NAME} + {JSON_NAME}, or the .h5 file")
+    if layout.lacks_info(p):
+        return (f"{p / layout.INFO}: missing; {p} has LeRobot's layout (meta/, data/) but no "
+                f"{layout.INFO} (codebase_version, fps, features), which every LeRobot dataset needs: "
+                "restore it, or write the dataset again (it is written last, so an interrupted write "
+                "leaves none)")
+    return f"{p}: no trajectory .h5 file in this directory (expected {H5_NAME} + {JSON_NAME})"
 
 
 def read_meta(path) -> dict:

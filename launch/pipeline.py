@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -130,8 +131,16 @@ def format_final(s: dict) -> str:
         f"asyncvla pipeline: {s['env_id']}, {s['episodes']} fixed episodes, actions sampled as actors sample",
         line("SFT", s["sft"], f"{s['sft']['steps']} steps"),
         line("RL", s["rl"], f"{s['rl']['updates']} updates"),
-        f"  tensorboard --logdir {' --logdir '.join(s['tensorboard'])}"]
+        f"  {tensorboard_command(s['tensorboard'])}"]
         + ([f"  videos of the evaluator's last evaluation: {s['videos']}"] if s.get("videos") else []))
+
+
+def tensorboard_command(log_dirs: list[str]) -> str:
+    """The tensorboard command that shows every run in `log_dirs` (SFT's and RL's): one --logdir,
+    their common parent, which tensorboard searches for runs (named by their path under it).
+    tensorboard keeps only the last of several --logdir flags, and --logdir_spec, which takes
+    several, misreads paths with a comma or colon."""
+    return f"tensorboard --logdir {shlex.quote(os.path.commonpath(log_dirs))}"
 
 
 def _latest_videos(run_dir: Path) -> str | None:

@@ -15,7 +15,7 @@ import pytest
 
 from asyncvla.actors.collect import collect_demos, env_info
 from asyncvla.common.config import LeRobotConfig, load_config
-from asyncvla.common.demos import DemoEpisode, DemoError, DemoSpec, flat_states, write_demos
+from asyncvla.common.demos import DemoEpisode, DemoError, DemoSpec, flat_states, read_demos, write_demos
 from asyncvla.common.lerobot.read import LeRobotSource
 from asyncvla.common.lerobot.write import write_lerobot
 from asyncvla.common.policy import VLAPolicy
@@ -277,6 +277,71 @@ def test_truncated_parquet(written, tmp_path):
     assert str(data) in msg and "not a readable parquet file" in msg and "truncated" in msg
 
 
+def without_info(out):
+    (out / "meta/info.json").unlink()
+    return out
+
+
+def with_info(out, **changes):
+    info = json.loads((out / "meta/info.json").read_text())
+    (out / "meta/info.json").write_text(json.dumps({**info, **changes}))
+    return out
+
+
+def with_action(out, index, dim, value):
+    """The dataset with frame `index` (over all episodes) of the data file acting `value` in `dim`;
+    meta/stats.json is left as it was."""
+    data = out / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(data)
+    column = table["action"].combine_chunks()
+    values = column.flatten().to_numpy().reshape(len(column), -1).copy()
+    values[index, dim] = value
+    action = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1), pa.float32()), values.shape[1])
+    pq.write_table(table.set_column(table.schema.get_field_index("action"), "action", action), data)
+    return out
+
+
+def test_missing_info_json_is_named_as_a_lerobot_dataset_missing_it(written, tmp_path):
+    out = without_info(copy_of(written, tmp_path))
+    for read in (lambda: read_demos(out, SPEC),
+                 lambda: load_samples(load_config(str(PIXEL), [f"sft.data={out}", f"logging.output_dir={tmp_path}"]))):
+        with pytest.raises(DemoError) as e:
+            read()
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith(f"{out / 'meta/info.json'}: missing")
+        assert "LeRobot's layout (meta/, data/)" in msg and "trajectory" not in msg, msg
+
+
+@pytest.mark.parametrize("fps", [-5, 0, "30", None, True])
+def test_fps_must_be_a_positive_number(written, tmp_path, fps):
+    msg = one_line_error(with_info(copy_of(written, tmp_path), fps=fps))
+    assert str(tmp_path / "ds/meta/info.json") in msg
+    assert f"key 'fps'={fps!r}; allowed: a number > 0" in msg
+
+
+@pytest.mark.parametrize("value, shown", [(1e30, "1e+30"), (-2e6, "-2e+06"), (float("nan"), "nan")])
+def test_an_action_no_robot_takes_names_its_episode_and_frame(written, tmp_path, value, shown):
+    """Frame 3 of episode 1 is index 8 (episode 0 has 5 frames); the stats stay ordinary, so the
+    frame is refused as it is read."""
+    out = with_action(copy_of(written, tmp_path), 8, 1, value)
+    msg = one_line_error(out, mapping=LeRobotConfig())
+    assert msg.startswith(f"{out / 'data/chunk-000/file-000.parquet'}: episode 1, frame 3: action[1]={shown}; ")
+    assert "allowed: finite, |value| <= 1e+06" in msg
+    LeRobotSource(with_action(out, 8, 1, 1e6), SPEC, EXACT).read()           # the limit itself is taken
+
+
+def test_stats_widened_by_an_outlier_are_refused_before_decoding(tmp_path):
+    """As the issue found it: one action of 1e30, written (and counted in meta/stats.json) by the
+    writer. With action_norm=stats the range's end is refused at once; without, the frame."""
+    episodes = made_up_episodes((5, 7, 4))
+    episodes[2].actions[1, 0] = 1e30
+    out = write_lerobot(tmp_path / "ds", episodes, fps=10, camera="base_camera")
+    msg = one_line_error(out, mapping=LeRobotConfig())
+    assert msg.startswith(f"{out / 'meta/stats.json'}: action.q99[0]=")
+    assert "the action range's high end in dimension 0; allowed: |value| <= 1e+06" in msg
+    assert "episode 2, frame 1: action[0]=1e+30" in one_line_error(out)
+
+
 # ----------------------------------------------------------------------------- the commands
 def test_collect_lerobot_and_convert_read_back(tmp_path, capsys):
     cfg = load_config(str(PIXEL))
@@ -325,6 +390,28 @@ def test_sft_trains_on_a_lerobot_dataset(tmp_path):
     with pytest.raises(DemoError) as e:
         load_samples(load_config(str(PIXEL), [f"sft.data={tmp_path / 'ds'}", "policy.action_dim=3"]))
     assert "\n" not in str(e.value) and "policy.action_dim=3" in str(e.value) and "shape [2]" in str(e.value)
+
+
+@pytest.mark.parametrize("case, words", [
+    ("no_info", ["meta/info.json: missing", "LeRobot's layout"]),
+    ("fps", ["meta/info.json", "key 'fps'=0"]),
+    ("action", ["data/chunk-000/file-000.parquet", "episode 1, frame 3: action[0]=1e+30"]),
+])
+def test_sft_command_refuses_a_broken_dataset_in_one_line(written, tmp_path, capsys, case, words):
+    """The three breakages above, through `asyncvla sft`: exit 2, one line, no traceback."""
+    out = copy_of(written, tmp_path)
+    {"no_info": without_info, "fps": lambda o: with_info(o, fps=0),
+     "action": lambda o: with_action(o, 8, 0, 1e30)}[case](out)
+    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "sft", str(PIXEL), f"sft.data={out}",
+                        "sft.steps=1", "sft.eval_episodes=1", f"logging.output_dir={tmp_path}"],   # (short if taken)
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.startswith("asyncvla sft:")]
+    assert len(lines) == 1 and all(w in lines[0] for w in words), r.stderr[-2000:]
+    if case == "no_info":                               # convert names the same directory the same way
+        assert cli.main(["convert", str(out), "--out", str(tmp_path / "x")]) == 2
+        assert words[0] in capsys.readouterr().err
 
 
 def test_sft_samples_stream_from_disk(tmp_path):

@@ -55,3 +55,11 @@ QUANTILES = ("q01", "q10", "q50", "q90", "q99")
 def is_lerobot(path) -> bool:
     """A directory holding meta/info.json: a LeRobot dataset (else ManiSkill's trajectory files)."""
     return path is not None and (Path(path) / INFO).is_file()
+
+
+def lacks_info(path) -> bool:
+    """A directory laid out as a LeRobot dataset (meta/ and data/) but without meta/info.json: a
+    LeRobot dataset whose info.json was lost, or whose writing stopped early (lerobot's writer and
+    ours write it last), rather than a directory of ManiSkill's trajectory files."""
+    p = Path(path)
+    return (p / "meta").is_dir() and (p / "data").is_dir() and not (p / INFO).is_file()

@@ -12,6 +12,13 @@ A LeRobot episode of T frames has T observations, our episodes T+1 (the one afte
 the last frame is repeated, and SFT never trains on it (a sample is an observation with the
 actions that follow it).
 Every problem raises DemoError with one line naming the file or key, the value and what is allowed.
+
+Actions are refused, not clipped or skipped, where they cannot be a robot's: NaN, inf, or beyond
+±MAX_ABS_ACTION in any dimension (in a frame, naming its episode, frame and dimension; or in the
+meta/stats.json values that become the action range). The envs take actions in [-1, 1]; a
+dataset's own units (radians, degrees, millimetres, servo ticks, pixels) stay far below 1e6, so
+a larger value is a corrupt one, and one such frame would widen the binned range until every
+ordinary action of its dimension falls into one bin.
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ import numpy as np
 from asyncvla.common.demos import DemoEpisode, DemoError, DemoSpec
 from asyncvla.common.lerobot import layout
 
+# The largest |action| accepted: a million times the envs' bound of 1 (see the module docstring).
+MAX_ABS_ACTION = 1e6
+
 
 class LeRobotSource:
     def __init__(self, root, spec: DemoSpec, mapping):
@@ -32,7 +42,7 @@ class LeRobotSource:
         self.spec = spec
         self.info = self._read_info()
         self.version = self.info["codebase_version"]
-        self.fps = float(self.info["fps"])
+        self.fps = self._fps()
         features = self.info["features"]
         self.camera = mapping.camera or self._first_video(features)
         self.action_key = mapping.action
@@ -58,6 +68,15 @@ class LeRobotSource:
             if key not in info:
                 raise DemoError(f"{path}: key '{key}' is missing")
         return info
+
+    def _fps(self) -> float:
+        """info.json's fps, which times every frame in the videos: a number > 0."""
+        fps = self.info["fps"]
+        # (bool is an int to Python, and JSON's true is no frame rate)
+        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps < float("inf"):
+            raise DemoError(f"{self.root / layout.INFO}: key 'fps'={fps!r}; allowed: a number > 0 "
+                            "(the frames per second the videos were recorded at)")
+        return float(fps)
 
     def _first_video(self, features: dict) -> str:
         videos = [k for k, f in features.items() if f.get("dtype") == "video"]
@@ -149,10 +168,24 @@ class LeRobotSource:
         if low.shape != (self.spec.action_dim,) or high.shape != low.shape:
             raise DemoError(f"{self.root / layout.STATS}: {self.action_key}.{pair[0]} has {low.size} values; "
                             f"allowed: policy.action_dim={self.spec.action_dim}")
+        for key, values in zip(pair, (low, high)):
+            self._check_range_end(key, values)
         flat = high - low < 1e-6
         low[flat], high[flat] = low[flat] - 1.0, high[flat] + 1.0
         return {"feature": self.action_key, "source": "/".join(pair),
                 "low": [float(v) for v in low], "high": [float(v) for v in high]}
+
+    def _check_range_end(self, key: str, values: np.ndarray) -> None:
+        """The stats that become the binned range hold no value a frame could not (MAX_ABS_ACTION):
+        checked here, before any decoding, as frames past sft.max_demo_steps are never read."""
+        bad = np.flatnonzero(~(np.abs(values) <= MAX_ABS_ACTION))      # (NaN compares false)
+        if bad.size:
+            d = int(bad[0])
+            where = (layout.STATS if (self.root / layout.STATS).is_file() else layout.EPISODES_STATS_V21)
+            raise DemoError(f"{self.root / where}: {self.action_key}.{key}[{d}]={values[d]:g}, the "
+                            f"action range's {'low' if key in ('q01', 'min') else 'high'} end in dimension "
+                            f"{d}; allowed: |value| <= {MAX_ABS_ACTION:g} (a frame's action of that size is "
+                            "corrupt: the envs act in [-1, 1])")
 
     def _feature_stats(self, key: str) -> dict:
         path = self.root / layout.STATS
@@ -209,8 +242,7 @@ class LeRobotSource:
             raise DemoError(f"{path}: episode {n} has {len(rows)} frames; the episodes metadata says "
                             f"length={T} (the file may be truncated)")
         actions = _column(rows, self.action_key, path).astype(np.float64)
-        if not np.isfinite(actions).all():
-            raise DemoError(f"{path}: episode {n}: {self.action_key!r} holds NaN or inf")
+        _check_actions(actions, self.action_key, path, n)
         images = self._frames(rec, T)
         states = None
         if self.state_keys:
@@ -267,6 +299,16 @@ class _DataFiles:
                 raise DemoError(f"{path}: column 'episode_index' is missing")
             self.episode_index = self.table["episode_index"]
         return self.table.filter(pc.equal(self.episode_index, n))
+
+
+def _check_actions(actions: np.ndarray, key: str, path: Path, episode: int) -> None:
+    """Refuse the first frame whose action is NaN, inf or beyond ±MAX_ABS_ACTION (module docstring)."""
+    bad = np.argwhere(~(np.abs(actions) <= MAX_ABS_ACTION))         # (NaN compares false)
+    if len(bad):
+        frame, d = (int(i) for i in bad[0])
+        raise DemoError(f"{path}: episode {episode}, frame {frame}: {key}[{d}]={actions[frame, d]:g}; allowed: "
+                        f"finite, |value| <= {MAX_ABS_ACTION:g} (the envs act in [-1, 1]; a dataset's "
+                        "units stay far below this, so the value is corrupt)")
 
 
 def decode_frames(path: Path, start_s: float, count: int, fps: float, size: int, episode: int) -> np.ndarray:
