@@ -20,7 +20,8 @@ rank took from others, e.g. from an actor that then left) until they filled the 
 and a rank waiting for data got nothing from anyone: the run stalled.
 
 A segment's meta carries the actor's token (common/auth.py): a rank drops one from an actor the
-learner did not welcome, counted as stats["invalid"]["unregistered"].
+learner did not welcome, counted as stats["invalid"]["unregistered"], and one whose token's
+registration has ended (the actor left, timed out or was replaced), as ["stale_token"].
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Sequence
 
 import zmq
 
-from asyncvla.common.auth import peer_key, valid_token
+from asyncvla.common.auth import TokenLedger, peer_key
 from asyncvla.common.protocol import (REQUEST_MAX_BYTES, SEGMENT, Limits, Segment, SegmentSpec, ValidationError,
                                       decode_segment, encode_segment)
 from asyncvla.common.sockets import DropLog, Node, advertised, bind_endpoint, bound_endpoint
@@ -50,12 +51,14 @@ class TrajectoryReceiver:
     max_message_mb, and `decode` the frame count and total bytes; ZeroMQ still buffers a whole
     multipart message before handing it over, so one message may briefly hold frames x cap.
 
-    Segments must carry a token signed with `auth_key` (default: this node's key, which without
-    CURVE only rank 0 shares with the control server that issues the tokens: other ranks then
-    check none). The token is taken out of the returned segment's meta."""
+    Segments must carry a token that `tokens` accepts: rank 0 shares the control server's
+    TokenLedger; by default a ledger of its own over `auth_key`, else this node's key (which
+    without CURVE only rank 0 shares with the control server that issues the tokens: other ranks
+    then check none), told of ended registrations through `tokens.end`. The token is taken out of
+    the returned segment's meta."""
 
     def __init__(self, tcfg, rank: int, spec: SegmentSpec, endpoint: str | None = None,
-                 auth_key: bytes | None = None):
+                 auth_key: bytes | None = None, tokens: TokenLedger | None = None):
         self.spec = spec
         self._node = Node(tcfg, server=True)
         try:
@@ -65,11 +68,11 @@ class TrajectoryReceiver:
             self._node.close(0)
             raise
         self.endpoint = advertised(tcfg, bound_endpoint(self._router))
-        self._key = auth_key or (self._node.token_key if self._node.curve is not None or rank == 0 else None)
-        if self._key is None:
+        key = auth_key or (self._node.token_key if self._node.curve is not None or rank == 0 else None)
+        self.tokens = tokens or (TokenLedger(key) if key is not None else None)
+        if self.tokens is None:
             log.info("trajectory receiver (rank %d): without CURVE keys this rank cannot check the tokens "
                      "rank 0 gives actors; it takes any valid segment", rank)
-        self._tokens_seen: set[tuple] = set()
         self._limits = Limits.for_kind(SEGMENT, tcfg.max_message_mb)
         self.stats = {"received": 0, "bytes": 0, "invalid": Counter()}
         self._drop_log = DropLog(f"trajectory receiver (rank {rank})")
@@ -109,9 +112,10 @@ class TrajectoryReceiver:
         try:
             segment = decode_segment(frames, self.spec, self._limits)
             token = segment.meta.pop("token", None)
-            if self._key is not None and not self._signed(segment.meta["actor_id"], frames[0], token):
-                raise ValidationError("unregistered", f"segment from actor {segment.meta['actor_id'][:40]!r} "
-                                                      "without the token of its welcome")
+            refused = self._refusal(segment.meta["actor_id"], frames[0], token)
+            if refused:
+                raise ValidationError(refused, f"segment from actor {segment.meta['actor_id'][:40]!r} "
+                                               "without a live token of its welcome")
         except ValidationError as e:
             self.stats["invalid"][e.reason] += 1
             self._drop_log(e.reason, str(e))
@@ -123,20 +127,13 @@ class TrajectoryReceiver:
     def close(self) -> None:
         self._node.close(0)
 
-    def _signed(self, actor_id, frame, token) -> bool:
-        """The token is the one the learner gave actor_id from this frame's key. Tokens are never
-        revoked, so one checked once need not be computed again (a bounded cache: one HMAC less
-        per segment)."""
+    def _refusal(self, actor_id, frame, token) -> str | None:
+        """Why the token does not let this segment in (common/auth.py), or None (also when this
+        rank checks no tokens)."""
+        if self.tokens is None:
+            return None
         peer = peer_key(frame) if self._node.curve is not None else ""
-        key = (actor_id, peer, token)
-        if key in self._tokens_seen:
-            return True
-        if not valid_token(self._key, actor_id, peer, token):
-            return False
-        if len(self._tokens_seen) >= 4096:
-            self._tokens_seen.clear()
-        self._tokens_seen.add(key)
-        return True
+        return self.tokens.check(actor_id, peer, token)
 
     def _ack(self, taken: Counter) -> None:
         for sender, count in taken.items():

@@ -13,7 +13,7 @@ version received; the actor takes it between segments with `poll_newest` (non-bl
 
 Only registered actors get weights: each request carries the actor_id and the token of its
 welcome (common/auth.py); the server answers any other with an "error" and counts it
-(stats["invalid"]["unregistered"]).
+(stats["invalid"]["unregistered"], or ["stale_token"] when the token's registration has ended).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections import Counter, OrderedDict
 
 import zmq
 
-from asyncvla.common.auth import peer_key, valid_token
+from asyncvla.common.auth import TokenLedger, peer_key
 from asyncvla.common.protocol import (REQUEST_MAX_BYTES, WEIGHTS, Limits, ValidationError, control_of, decode,
                                       decode_control, encode_control, encode_weights, weights_of)
 from asyncvla.common.sockets import DropLog, Node, ServiceThread, advertised, bind_endpoint, bound_endpoint
@@ -39,10 +39,13 @@ MAX_PEERS_REMEMBERED = 4096
 
 class WeightServer:
     """Serves the newest published (version, tensors) on weights_port (or `endpoint`) to actors
-    whose token was signed with `auth_key` (default: this node's, as the control server's).
+    whose token `tokens` accepts (the control server's TokenLedger, so that a token whose
+    registration ended is refused; default: a ledger of its own over `auth_key`, else this node's
+    key, which checks only the signature).
     `check()` raises ThreadDied if the serving thread died (the learner polls it)."""
 
-    def __init__(self, tcfg, endpoint: str | None = None, auth_key: bytes | None = None):
+    def __init__(self, tcfg, endpoint: str | None = None, auth_key: bytes | None = None,
+                 tokens: TokenLedger | None = None):
         self._node = Node(tcfg, server=True)
         try:
             # Requests are tiny (MAXMSGSIZE caps what comes in, not the weights going out).
@@ -56,7 +59,7 @@ class WeightServer:
             self._node.close(0)
             raise
         self.endpoint = advertised(tcfg, bound_endpoint(self._router))
-        self._key = auth_key or self._node.token_key
+        self.tokens = tokens or TokenLedger(auth_key or self._node.token_key)
         self._request_limits = Limits.for_kind("request", tcfg.max_message_mb)
         self._lock = threading.Lock()
         self._current: tuple[int, list[zmq.Frame]] | None = None
@@ -129,10 +132,11 @@ class WeightServer:
             self.stats["invalid"][e.reason] += 1
             self._drop_log(e.reason, str(e))
             return
-        if not valid_token(self._key, msg.meta["actor_id"], peer_key(frames[1]), msg.meta["token"]):
-            self.stats["invalid"]["unregistered"] += 1
-            self._drop_log("unregistered", f"get_weights for actor {msg.meta['actor_id'][:40]!r}")
-            self._send(peer, encode_control("error", {"message": "refused (unregistered): join the learner "
+        refused = self.tokens.check(msg.meta["actor_id"], peer_key(frames[1]), msg.meta["token"])
+        if refused:
+            self.stats["invalid"][refused] += 1
+            self._drop_log(refused, f"get_weights for actor {msg.meta['actor_id'][:40]!r}")
+            self._send(peer, encode_control("error", {"message": f"refused ({refused}): join the learner "
                                                       "first and present the welcome's token"}))
             return
         self.stats["requests"] += 1

@@ -10,7 +10,9 @@ watches on who feeds it, and the per-update report.
 Rank 0 serves: a joining actor's welcome carries the config, the endpoints, the policy and its
 rollout plan (`ingest.rollout_plan`); without CURVE keys only holders of the run's join secret
 may say hello (common/auth.py). An actor whose columns keep coming out non-finite in updates
-(learner.max_poisoned_columns) is banned on every rank (`report` agrees on it).
+(learner.max_poisoned_columns) is banned on every rank (`report` agrees on it); and at every
+`report` the other ranks' inboxes learn which registrations rank 0 ended, so that they too refuse
+the tokens of actors that left.
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ class ActorLink:
         receiver = transport.TrajectoryReceiver(cfg.transport, rank, spec, auth_key=auth_key)
         endpoints = _all_gather(receiver.endpoint)
         self.control = self.weights = None
+        self._ended_mark = 0                # rank 0: registrations ended up to here are told to the others
         if rank == 0:
-            self._serve(run_dir, policy_dir, endpoints, version_fn, auth_key)
+            self._serve(run_dir, policy_dir, endpoints, version_fn, receiver.tokens)
         self.hunger = StarvationWatch(cfg.learner.starvation_timeout_s, rank,
                                       registry=self.control.counts if self.control else None)
         roster = Roster(run_dir, self.control.actor_ids) if self.control else None
@@ -79,6 +82,7 @@ class ActorLink:
         """This update's figures combined over ranks (a collective), logged by rank 0; actors whose
         columns kept coming out non-finite are banned (all ranks agree: they all see the sum)."""
         samples = self.inbox_columns * self.cfg.actor.rollout_length * self.world
+        self._share_ended_registrations()
         report = self.metrics.report(step, {**scalars, "system/seq_gaps": self.inbox.seq_gaps}, self.inbox.drops,
                                      samples=samples, device=self.device, time_up=time_up,
                                      rank0_only=self._server_figures())
@@ -100,11 +104,13 @@ class ActorLink:
         self.inbox.receiver.close()
 
     # ------------------------------------------------------------------------------ helpers
-    def _serve(self, run_dir: Path, policy_dir: Path, endpoints: list, version_fn, auth_key) -> None:
+    def _serve(self, run_dir: Path, policy_dir: Path, endpoints: list, version_fn, tokens) -> None:
+        """Rank 0's control and weight servers, sharing its inbox's TokenLedger: a registration the
+        control server ends is refused on all three at once."""
         cfg = self.cfg
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         self.metrics.text("config", "```\n" + to_yaml(cfg) + "\n```")
-        self.weights = transport.WeightServer(cfg.transport, auth_key=auth_key)
+        self.weights = transport.WeightServer(cfg.transport, tokens=tokens)
 
         def welcome(hello: dict) -> dict:
             return {"config": to_dict(cfg), "trajectory_endpoints": endpoints, "weights_endpoint": self.weights.endpoint,
@@ -112,8 +118,21 @@ class ActorLink:
                     "rollout": rollout_plan(cfg, self.world, hello["num_envs"] or cfg.actor.num_envs)}
         secret = None if cfg.transport.keys_dir else ensure_join_secret(run_dir)
         self.control = transport.ControlServer(cfg.transport, welcome_fn=welcome, policy_dir=str(policy_dir),
-                                               auth_key=auth_key, join_secret=secret)
+                                               tokens=tokens, join_secret=secret)
         log.info("run dir %s; actors join at %s", run_dir, self.control.endpoint)
+
+    def _share_ended_registrations(self) -> None:
+        """The registrations rank 0's control server ended since the last update (actors that left,
+        timed out or were replaced), ended in every other rank's ledger too (a collective)."""
+        if self.world == 1:
+            return
+        tokens = self.inbox.receiver.tokens
+        ended = [None]
+        if self.control:
+            ended[0], self._ended_mark = tokens.ended_after(self._ended_mark)
+        dist.broadcast_object_list(ended, src=0)
+        if not self.control and tokens is not None:
+            tokens.end(*ended[0])
 
     def _ban(self, actor: str, step: int) -> None:
         """Refuse from now on the segments (every rank) and requests (rank 0) of `actor`."""

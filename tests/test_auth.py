@@ -107,6 +107,140 @@ def test_only_registered_actors_get_policy_files_weights_and_push_segments(tmp_p
         receiver.close()
 
 
+def test_a_token_is_refused_on_every_port_once_its_registration_ends(tmp_path):
+    """hello as local-0, bye, the id rejoined by another process: the first token, signature and
+    all still valid, is refused on the control, weight and trajectory ports (stale_token), while
+    the new registration's token works on all three. The servers share rank 0's ledger, as the
+    learner's do (learner/link.py)."""
+    (tmp_path / "policy.json").write_text("{}")
+    cfg = tcfg(heartbeat_timeout_s=6.0)
+    receiver = transport.TrajectoryReceiver(cfg, 0, SPEC, endpoint="tcp://127.0.0.1:*")
+    control = transport.ControlServer(cfg, welcome_fn_for([receiver.endpoint]), policy_dir=str(tmp_path),
+                                      endpoint="tcp://127.0.0.1:*", tokens=receiver.tokens)
+    weights = transport.WeightServer(cfg, endpoint="tcp://127.0.0.1:*", tokens=receiver.tokens)
+    weights.publish(1, {"w": np.arange(3, dtype=np.float32)})
+    impostor, actor = (transport.LearnerClient(control.endpoint, "local-0", cfg) for _ in range(2))
+    peer, sender, subs = RawPeer(control.endpoint, cfg), transport.TrajectorySender([receiver.endpoint], cfg), []
+    try:
+        assert impostor.join(timeout=10) is not None
+        old = impostor.token
+        impostor.close()                                             # says bye
+        assert wait_until(lambda: control.counts()["left_total"] == 1)
+        assert actor.join(timeout=10) is not None and actor.token != old
+
+        # control: the old token fetches no policy files, and its heartbeat is not heard
+        reply = peer.ask("get_policy_files", {"actor_id": "local-0", "token": old})
+        assert reply.kind == "error" and "stale_token" in reply.meta["message"]
+        assert peer.ask("heartbeat", {"actor_id": "local-0", "token": old}, timeout_ms=500) is None
+        assert peer.ask("bye", {"actor_id": "local-0", "token": old}, timeout_ms=500) is None
+        assert control.stats["invalid"]["stale_token"] == 3 and control.counts()["alive"] == 1
+        assert peer.ask("get_policy_files", {"actor_id": "local-0", "token": actor.token}).kind == "policy_files"
+
+        # weights: refused with the old token, served with the new one
+        subs.append(transport.WeightSubscriber(weights.endpoint, cfg, actor_id="local-0", token=old, wait_s=0.2))
+        assert wait_until(lambda: subs[0].stats["refused"] >= 1)
+        assert subs[0].poll_newest() is None and weights.stats["invalid"]["stale_token"] >= 1
+        subs.append(transport.WeightSubscriber(weights.endpoint, cfg, actor_id="local-0", token=actor.token,
+                                               wait_s=0.2))
+        assert subs[1].wait_newer(-1, timeout=10)[0] == 1
+
+        # trajectories: a segment under the old token is dropped and counted; the new token's is taken
+        for seq, token in ((1, old), (2, actor.token)):
+            seg = make_segment(SPEC, B=2, seq=seq, actor_id="local-0")
+            seg.meta["token"] = token
+            assert sender.send(seg)
+        out = receiver.recv(timeout_ms=10_000)
+        assert out is not None and out.meta["seq"] == 2
+        assert dict(receiver.stats["invalid"]) == {"stale_token": 1} and receiver.stats["received"] == 1
+
+        # a ban ends the registration too
+        control.ban("local-0")
+        assert receiver.tokens.check("local-0", "", actor.token) == "stale_token"
+    finally:
+        for sub in subs:
+            sub.close()
+        sender.close()
+        peer.close()
+        actor.close()
+        control.close(notify=False)
+        weights.close()
+        receiver.close()
+
+
+def test_a_registration_ends_with_a_bye_a_time_out_or_a_replacement():
+    """The registry ends in the ledger each registration it lets go; a hello from the holding
+    connection keeps its registration (and its token) alive."""
+    from asyncvla.common.auth import TokenLedger
+    from asyncvla.common.control.server import Registry
+    ledger, live = TokenLedger(b"k" * 32), {b"c1", b"c2", b"c3"}
+    registry = Registry(connected=lambda identity: identity in live, ended=ledger.end)
+    token = lambda actor, identity: ledger.issue(actor, "", registry.actors[actor].registration)  # noqa: E731
+    assert registry.hello("a", "h", 1, b"c1", 0.0, registration="r1") == "joined"
+    first = token("a", b"c1")
+    assert registry.hello("a", "h", 1, b"c1", 1.0, registration="r2") == "refreshed"
+    assert token("a", b"c1") == first and ledger.check("a", "", first) is None
+    live.discard(b"c1")                                           # the holder's connection closed
+    assert registry.hello("a", "h", 2, b"c2", 2.0, registration="r3") == "replaced"
+    assert ledger.check("a", "", first) == "stale_token"
+    second = token("a", b"c2")
+    assert ledger.check("a", "", second) is None and ledger.check("b", "", second) == "unregistered"
+    assert [a.actor_id for a in registry.expire(now=100.0, timeout_s=10.0)] == ["a"]
+    assert ledger.check("a", "", second) == "stale_token"
+    assert registry.hello("a", "h", 3, b"c3", 101.0, registration="r4") == "joined"
+    third = token("a", b"c3")
+    assert registry.bye("a", b"c3") and ledger.check("a", "", third) == "stale_token"
+    assert ledger.ended_after(0) == (["r1", "r3", "r4"], 3) and ledger.ended_after(2) == (["r4"], 3)
+
+
+def _rank_of_a_link(rank: int, port: int, failures) -> None:
+    """One of two gloo ranks running ActorLink's sharing of ended registrations on the state it
+    reads: rank 0 holds the control server (here: which registrations ended), rank 1 an inbox."""
+    import torch.distributed as dist
+    from types import SimpleNamespace
+    from asyncvla.common.auth import TokenLedger
+    from asyncvla.learner.link import ActorLink
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        ledger = TokenLedger(b"k" * 32)
+        link = SimpleNamespace(world=2, control=object() if rank == 0 else None, _ended_mark=0,
+                               inbox=SimpleNamespace(receiver=SimpleNamespace(tokens=ledger)))
+        tokens = {r: ledger.issue("a", "", r) for r in ("r1", "r2", "r3")}
+        if rank == 0:
+            ledger.end("r1", "r2")
+        ActorLink._share_ended_registrations(link)
+        seen = {r: ledger.check("a", "", t) for r, t in tokens.items()}
+        if seen != {"r1": "stale_token", "r2": "stale_token", "r3": None}:
+            failures.put((rank, "first update", seen))
+        if rank == 0:
+            ledger.end("r3")
+        ActorLink._share_ended_registrations(link)
+        if ledger.check("a", "", tokens["r3"]) != "stale_token" or ledger.ended_after(0)[1] != 3:
+            failures.put((rank, "second update", ledger.ended_after(0)))
+    except Exception as e:             # (reported, not lost in the child's stderr)
+        failures.put((rank, "raised", repr(e)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_other_ranks_learn_each_update_which_registrations_rank_0_ended():
+    """Ranks > 0 check tokens with a ledger of their own: at every update rank 0 tells them what
+    its control server ended since the last one (a broadcast), and they refuse those tokens too."""
+    import multiprocessing as mp
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    failures = ctx.Queue()
+    ranks = [ctx.Process(target=_rank_of_a_link, args=(r, port, failures)) for r in (0, 1)]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(timeout=240)
+    assert [p.exitcode for p in ranks] == [0, 0]
+    assert failures.empty(), failures.get()
+
+
 def test_a_heartbeat_or_bye_without_the_token_changes_nothing():
     cfg = tcfg(heartbeat_timeout_s=6.0)
     control = transport.ControlServer(cfg, welcome_fn_for(["tcp://127.0.0.1:2"]), endpoint="tcp://127.0.0.1:*")
@@ -169,7 +303,7 @@ def test_with_curve_an_actor_id_belongs_to_the_key_that_registered_it(tmp_path):
         old = RawPeer(control.endpoint, first)
         assert old.ask("heartbeat", {"actor_id": "a", "token": token}, timeout_ms=500) is None
         old.close()
-        assert control.stats["invalid"]["wrong_key"] == 2
+        assert control.stats["invalid"]["stale_token"] == 1
         notified = True
         control.close(notify=True)                      # the notice reaches the id's real owner
         assert wait_until(lambda: clients[-1].finished)

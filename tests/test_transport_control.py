@@ -120,7 +120,7 @@ def test_an_evaluator_gets_the_last_weights_however_late_it_asks_for_them():
     heartbeats, well past the 2 s it gives one that is silent."""
     cfg = tcfg(heartbeat_timeout_s=30.0)
     control = transport.ControlServer(cfg, welcome_fn_for(["tcp://127.0.0.1:2"]), endpoint="tcp://127.0.0.1:*")
-    weights = transport.WeightServer(cfg, endpoint="tcp://127.0.0.1:*", auth_key=control._key)
+    weights = transport.WeightServer(cfg, endpoint="tcp://127.0.0.1:*", tokens=control.tokens)
     evaluator = transport.LearnerClient(control.endpoint, "evaluator-0", cfg, defer_bye=True)
     actor = transport.LearnerClient(control.endpoint, "local-0", cfg)
     sub = []

@@ -15,7 +15,7 @@ from typing import Callable
 
 import zmq
 
-from asyncvla.common.auth import actor_token, peer_key, valid_join_secret, valid_token
+from asyncvla.common.auth import TokenLedger, new_registration, peer_key, valid_join_secret
 from asyncvla.common.protocol import (MAX_NAME_LEN, REQUEST_MAX_BYTES, Limits, ValidationError, decode_control,
                                       encode_control)
 from asyncvla.common.sockets import DropLog, Node, ServiceThread, advertised, bind_endpoint, bound_endpoint, printable
@@ -34,6 +34,7 @@ class ActorInfo:
     joined_at: float
     last_seen: float
     key: str = ""             # the CURVE public key it joined with ("" without CURVE)
+    registration: str = ""    # named in its token; ends when it leaves (common/auth.py)
 
 
 class Registry:
@@ -43,15 +44,21 @@ class Registry:
     A live id is held by one connection (its ZeroMQ peer identity): only that connection speaks
     for it (hello, heartbeat, bye), or another once `connected(holder)` says the holder's is gone
     (the server probes its socket). Host and pid are what a sender claims: kept for the logs,
-    they never decide. With CURVE the id also stays with the key that registered it."""
+    they never decide. With CURVE the id also stays with the key that registered it.
 
-    def __init__(self, connected: Callable[[bytes], bool]):
-        self.connected = connected
+    Each registration (a join or a replacement) has its own id, which the actor's token names;
+    `ended(registration)` is called when it ends (bye, time-out, replacement, `remove`), so that
+    its token is refused from then on."""
+
+    def __init__(self, connected: Callable[[bytes], bool], ended: Callable[[str], None] = lambda registration: None):
+        self.connected, self.ended = connected, ended
         self.actors: dict[str, ActorInfo] = {}
         self.joined_total = self.left_total = self.timed_out_total = self.replaced_total = 0
 
-    def hello(self, actor_id: str, host: str, pid: int, identity: bytes, now: float, key: str = "") -> str:
-        """'joined'; 'refreshed' (the holding connection said hello again); 'replaced' (a new
+    def hello(self, actor_id: str, host: str, pid: int, identity: bytes, now: float, key: str = "",
+              registration: str = "") -> str:
+        """'joined' (under `registration`); 'refreshed' (the holding connection said hello again: its
+        registration goes on); 'replaced' (a new
         connection took over a live id whose holder is gone, e.g. an actor restarted before its
         predecessor timed out, or one that reconnected); or, changing nothing, 'taken' (the id is
         live under another CURVE key) or 'held' (by another connection, still connected)."""
@@ -63,10 +70,11 @@ class Registry:
             return "refreshed"
         if old is not None and self.connected(old.identity):
             return "held"
-        self.actors[actor_id] = ActorInfo(actor_id, host, pid, identity, now, now, key)
+        self.actors[actor_id] = ActorInfo(actor_id, host, pid, identity, now, now, key, registration)
         self.joined_total += 1
         if old is not None:
             self.replaced_total += 1
+            self.ended(old.registration)
             return "replaced"
         return "joined"
 
@@ -84,8 +92,16 @@ class Registry:
         info = self.actors.get(actor_id)
         if info is None or not self._may_speak(info, identity):
             return False
-        del self.actors[actor_id]
+        self.remove(actor_id)
+        return True
+
+    def remove(self, actor_id: str) -> bool:
+        """Take a live id away (counted as left); False if it is not live."""
+        info = self.actors.pop(actor_id, None)
+        if info is None:
+            return False
         self.left_total += 1
+        self.ended(info.registration)
         return True
 
     def _may_speak(self, info: ActorInfo, identity: bytes) -> bool:
@@ -95,6 +111,7 @@ class Registry:
         gone = [a for a in self.actors.values() if now - a.last_seen > timeout_s]
         for a in gone:
             del self.actors[a.actor_id]
+            self.ended(a.registration)
         self.timed_out_total += len(gone)
         return gone
 
@@ -139,18 +156,22 @@ class ControlServer:
     welcome_fn(hello: dict) -> dict builds the welcome (config dict, trajectory_endpoints,
     weights_endpoint, weight_version, policy {path, optional files {relpath: bytes}}); the server
     adds the heartbeat settings, its `learner_id` (drawn per server: a client tells a restarted
-    learner from the same one) and the actor's token, signed with `auth_key` (default: this
-    node's, common/auth.py). With `join_secret` (the run's, without CURVE keys) a hello must carry
-    it: one without it, or with another, is refused ("no_join_secret", "wrong_join_secret"). With `policy_dir`, registered actors that cannot read policy.path
-    fetch that directory's files once. Requests that fail the token or key check are refused
-    and counted in stats["invalid"] ("unregistered", "wrong_key"); a hello, heartbeat or bye for
-    a live id from a connection other than the one holding it, while that one is connected, too
-    ("id_taken": see `Registry`).
+    learner from the same one) and the actor's token, from `tokens` (a TokenLedger, which the
+    weight server and inbox share to refuse tokens whose registration ended; default: one of its
+    own over `auth_key`, else this node's key: common/auth.py). With `join_secret` (the run's,
+    without CURVE keys) a hello must carry it: one without it, or with another, is refused
+    ("no_join_secret", "wrong_join_secret"). With `policy_dir`, registered actors that cannot read
+    policy.path fetch that directory's files once. Requests that fail the token check are refused
+    and counted in stats["invalid"] ("unregistered"; "stale_token": its registration ended, by a
+    bye, a time-out, a replacement or a ban); a hello, heartbeat or bye for a live id from a
+    connection other than the one holding it, while that one is connected, too ("id_taken": see
+    `Registry`), and a hello for an id live under another CURVE key ("wrong_key").
     `check()` raises ThreadDied if the serving thread died (the learner polls it).
     """
 
     def __init__(self, tcfg, welcome_fn: Callable[[dict], dict], policy_dir: str | None = None,
-                 endpoint: str | None = None, auth_key: bytes | None = None, join_secret: str | None = None):
+                 endpoint: str | None = None, auth_key: bytes | None = None, join_secret: str | None = None,
+                 tokens: TokenLedger | None = None):
         self.tcfg = tcfg
         self.welcome_fn = welcome_fn
         self.policy_dir = policy_dir
@@ -168,8 +189,8 @@ class ControlServer:
             self._node.close(0)
             raise
         self.endpoint = advertised(tcfg, bound_endpoint(self._router))
-        self._key = auth_key or self._node.token_key
-        self.registry = Registry(self._connected)
+        self.tokens = tokens or TokenLedger(auth_key or self._node.token_key)
+        self.registry = Registry(self._connected, ended=self.tokens.end)
         self._events = EventLog()
         self._lock = threading.Lock()
         self._limits = Limits.for_kind("request", tcfg.max_message_mb)
@@ -192,8 +213,7 @@ class ControlServer:
         left), and its requests are answered with an error saying why ("banned")."""
         with self._lock:
             self.banned.add(actor_id)
-            if self.registry.actors.pop(actor_id, None) is not None:
-                self.registry.left_total += 1
+            self.registry.remove(actor_id)
 
     def actor_ids(self) -> list[str]:
         """The ids registered now."""
@@ -311,14 +331,11 @@ class ControlServer:
             self._send(peer, self._policy_reply())
 
     def _refusal(self, meta: dict, user: str) -> str | None:
-        """Why a request after the welcome must be refused: "unregistered" (no token, or not the
-        one this actor_id got from this key) or "wrong_key" (the actor_id is live under another
-        key, which registered it after this one left); None when it may go on."""
-        if not valid_token(self._key, meta["actor_id"], user, meta.get("token")):
-            return "unregistered"
-        with self._lock:
-            info = self.registry.actors.get(meta["actor_id"])
-        return "wrong_key" if info is not None and info.key != user else None
+        """Why a request after the welcome must be refused: "unregistered" (no token, or not one
+        this actor_id got from this key) or "stale_token" (its registration has ended: e.g. the
+        actor left and the id is live again under a new registration, perhaps another key's);
+        None when it may go on."""
+        return self.tokens.check(meta["actor_id"], user, meta.get("token"))
 
     def _on_hello(self, peer: bytes, user: str, hello: dict, now: float) -> None:
         actor_id = hello["actor_id"]
@@ -332,20 +349,13 @@ class ControlServer:
             return
         try:
             body = dict(self.welcome_fn(dict(hello)))
-            policy = dict(body.get("policy") or {})
-            files = policy.pop("files", None)
-            body["policy"] = policy
-            body.update(heartbeat_interval_s=self.tcfg.heartbeat_interval_s,
-                        heartbeat_timeout_s=self.tcfg.heartbeat_timeout_s, learner_id=self.learner_id,
-                        token=actor_token(self._key, actor_id, user))
-            reply = encode_control("welcome", body, files=files)
         except Exception as e:       # a bug in welcome_fn: tell the actor instead of leaving it waiting
-            log.exception("building the welcome for actor %s failed", printable(actor_id))
-            message = f"learner could not build the welcome: {e}"[:250]
-            self._send(peer, encode_control("error", {"message": message}))
+            self._welcome_failed(peer, actor_id, e)
             return
         with self._lock:
-            what = self.registry.hello(actor_id, hello["host"], hello["pid"], peer, now, key=user)
+            what = self.registry.hello(actor_id, hello["host"], hello["pid"], peer, now, key=user,
+                                       registration=new_registration())
+            registration = self.registry.actors[actor_id].registration
         if what in ("taken", "held"):
             # Without keys anyone on the network may claim any id, host and pid included: a live id
             # stays with the connection that holds it. A restarted actor's predecessor is gone (its
@@ -358,10 +368,26 @@ class ControlServer:
                        "until that actor leaves")
             self._send(peer, encode_control("error", {"message": message, "reason": reason}))
             return
+        try:
+            policy = dict(body.get("policy") or {})
+            files = policy.pop("files", None)
+            body["policy"] = policy
+            body.update(heartbeat_interval_s=self.tcfg.heartbeat_interval_s,
+                        heartbeat_timeout_s=self.tcfg.heartbeat_timeout_s, learner_id=self.learner_id,
+                        token=self.tokens.issue(actor_id, user, registration))
+            reply = encode_control("welcome", body, files=files)
+        except Exception as e:       # (the actor stays registered without a token: it times out)
+            self._welcome_failed(peer, actor_id, e)
+            return
         if what != "refreshed":
             self._events(what, logging.INFO, "actor %s %s (%s pid %d)", printable(actor_id), what,
                          printable(hello["host"]), hello["pid"])
         self._send(peer, reply)
+
+    def _welcome_failed(self, peer: bytes, actor_id: str, e: Exception) -> None:
+        log.exception("building the welcome for actor %s failed", printable(actor_id))
+        message = f"learner could not build the welcome: {e}"[:250]
+        self._send(peer, encode_control("error", {"message": message}))
 
     def _count(self, reason: str, detail: str) -> None:
         self.stats["invalid"][reason] += 1

@@ -50,7 +50,7 @@ BURST = 4              # ours takes what has arrived up to this many segments at
 TARGETS = [("64KB", 64 << 10), ("1MB", 1 << 20), ("8MB", 8 << 20), ("32MB", 32 << 20)]
 # The servers here sign with a fixed key, so the actor processes hold the token a welcome would give.
 KEY = b"transport benchmark" * 2
-TOKEN = actor_token(KEY, "bench", "")
+TOKEN = actor_token(KEY, "bench", "", "bench")
 
 
 def run(quick: bool = False) -> dict:

@@ -69,7 +69,7 @@ def measure(kind: str, versions: int, step_updates: int) -> dict:
         info = _recv(parent)
         from asyncvla.common.auth import actor_token
         sub = WeightSubscriber(info["endpoint"], TransportConfig(), actor_id="bench",
-                               token=actor_token(KEY, "bench", ""))
+                               token=actor_token(KEY, "bench", "", "bench"))
         rows = []
         for v in range(versions + WARMUP_VERSIONS):    # steady state: see WARMUP_VERSIONS
             parent.send(v)

@@ -94,7 +94,7 @@ def replay_arrays(spec: SegmentSpec, T: int, B: int, rng) -> dict[str, np.ndarra
 
 def process_token(actor_id: str) -> str:
     """The token this process's servers (without CURVE) accept from `actor_id`: what its welcome holds."""
-    return actor_token(learner_key(None), actor_id, "")
+    return actor_token(learner_key(None), actor_id, "", "test")
 
 
 def as_bytearrays(frames) -> list[bytearray]:
