@@ -37,15 +37,25 @@ test: setup
 # lerobot 0.4.3 in an environment of its own, for tests/test_lerobot_interop.py (`make test` skips
 # it, in one line, while this is absent). lerobot pins torch < 2.8 and torchvision < 0.23 (its PyAV
 # decoding goes through torchvision.io.VideoReader, which later releases dropped), against our
-# torch: so a second venv, ~6 GB (PyPI's CUDA builds of torch, which run on the CPU).
+# torch: so a second venv, ~6 GB (PyPI's CUDA builds of torch, which run on the CPU). A second,
+# separately stamped step adds what lerobot[smolvla]==0.4.3 needs to build and run SmolVLA
+# (transformers 4.57, num2words, draccus, einops, ...), for tests/interop/smolvla_side.py, which
+# writes the golden SmolVLA fixtures in tests/golden/smolvla/.
 INTEROP ?= .venv-interop
-interop-env: $(INTEROP)/.installed
+interop-env: $(INTEROP)/.installed $(INTEROP)/.installed-smolvla
 $(INTEROP)/.installed:
 	@test -x $(INTEROP)/bin/python || $(PYTHON) -m venv $(INTEROP)
 	$(INTEROP)/bin/pip install -q torch==2.7.1 torchvision==0.22.1
 	$(INTEROP)/bin/pip install -q --no-deps lerobot==0.4.3
 	$(INTEROP)/bin/pip install -q "datasets>=4.0.0,<4.2.0" "huggingface-hub>=0.34.2,<0.36.0" pandas pillow \
 		pyarrow av fsspec packaging accelerate
+	@touch $@
+$(INTEROP)/.installed-smolvla: $(INTEROP)/.installed
+	$(INTEROP)/bin/pip install -q "transformers==4.57.6" "num2words>=0.5.14,<0.6.0" \
+		"accelerate>=1.10.0,<2.0.0" "safetensors>=0.4.3,<1.0.0" "draccus==0.10.0" \
+		"einops>=0.8.0,<0.9.0" "deepdiff>=7.0.1,<9.0.0" "termcolor>=2.4.0,<4.0.0" \
+		"gymnasium>=1.1.1,<2.0.0" "jsonlines>=4.0.0,<5.0.0" "imageio>=2.34.0,<3.0.0" \
+		"diffusers>=0.27.2,<0.36.0" "pyserial>=3.5,<4.0" "huggingface-hub>=0.34.2,<0.36.0"
 	@touch $@
 
 # Performance and learning figures beside their baselines and goals: one table, and the JSON in
