@@ -22,9 +22,11 @@ RSS), in the order run_suite runs them:
   spoofing         heartbeats, byes, get_policy_files and get_weights for the live actors' ids
                    without their token
   actor SIGTERM    exit 143, restarted by the launcher; while its id is free a bare peer takes it
-                   and lets it go, keeping the id's token
+                   and lets it go, keeping the token of that registration
   id hijack        from another connection: hellos under the live actors' ids claiming their host
-                   and pid, heartbeats and byes with local-0's token; each refused (id_taken)
+                   and pid, each refused (id_taken); heartbeats and byes with the token local-0's
+                   id had while the bare peer held it, each refused (stale_token: that
+                   registration ended when the restarted actor took the id over)
   squatter         SIGKILL local-1 and at once hold its id from a peer; the launcher's one restart
                    says hello again until the squatter is gone, then joins: no restart wasted
   lying segments   of the registered fuzz actor: seq = 2**63 - 1, ep_length = 2**62, ep_return =
@@ -520,17 +522,33 @@ def secret(run_dir: Path) -> dict:
     return {"join_secret": read_join_secret(run_dir)}
 
 
-def register(run: Run, actor_id: str) -> tuple[str, dict]:
-    """(token, welcome) of a peer that says hello as `actor_id` with the run's join secret."""
-    peer = Peer(endpoints(run)["control"])
-    try:
-        welcome = peer.ask("hello", {"actor_id": actor_id, "host": "fuzz", "pid": 1, "num_envs": 1,
-                                     **secret(run.dir)}, 30)
-    finally:
-        peer.close()
-    if welcome is None or welcome.kind != "welcome":
-        raise Hang(f"no welcome for {actor_id!r}")
-    return welcome.meta["token"], welcome.meta
+class Registration:
+    """A peer that said hello as `actor_id` with the run's join secret and stays registered, as an
+    actor does, by heartbeats (a LearnerClient): a token is good only while its registration lasts
+    (common/auth.py). `token` is the newest welcome's; `close()` says bye."""
+
+    def __init__(self, run: Run, actor_id: str):
+        from asyncvla.common import transport
+        from asyncvla.common.config import TransportConfig
+        self.client = transport.LearnerClient(endpoints(run)["control"], actor_id, TransportConfig(), host="fuzz",
+                                              pid=1, num_envs=1, join_secret=secret(run.dir)["join_secret"])
+        self.welcome = self.client.join(timeout=30)
+        if self.welcome is None:
+            self.client.close()
+            raise Hang(f"no welcome for {actor_id!r}")
+
+    @property
+    def token(self) -> str:
+        return self.client.token
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+
+def register(run: Run, actor_id: str) -> Registration:
+    return Registration(run, actor_id)
 
 
 # ----------------------------------------------------------------------------------- the fuzz
@@ -652,16 +670,21 @@ class SegmentMaker:
     """Segments the run's learner accepts (its spec from the config and the policy's action ids),
     by a fuzz actor that registered like any actor."""
 
-    def __init__(self, run: Run, token: str, welcome: dict):
+    def __init__(self, run: Run, registration: Registration):
         from asyncvla.common.config import from_dict
         from asyncvla.common.policy.action_tokenizer import ActionTokenizer
         from asyncvla.common.policy.heads import make_head
         from tests.support.segments import make_segment
-        cfg, policy = from_dict(welcome["config"]), json.loads((run.dir / "policy_init" / "policy.json").read_text())
+        cfg = from_dict(registration.welcome["config"])
+        policy = json.loads((run.dir / "policy_init" / "policy.json").read_text())
         vocab = policy["action_tokens"]["vocab_size"]
         tokenizer = ActionTokenizer(n_bins=policy["action_tokens"]["n_bins"], vocab_size=vocab)
         self.spec = P.SegmentSpec.for_policy(cfg, make_head(cfg.policy), tokenizer)
-        self.first, self.vocab, self.token, self._make = tokenizer.first_id, vocab, token, make_segment
+        self.first, self.vocab, self.registration, self._make = tokenizer.first_id, vocab, registration, make_segment
+
+    @property
+    def token(self) -> str:
+        return self.registration.token
 
     def segment(self, rng, version: int, B: int | None = None, seq: int = 0, episodes: int | None = None) -> P.Segment:
         B = B or int(rng.integers(1, 5))
@@ -730,15 +753,15 @@ def trajectory_fuzz(count: int, rng, maker: SegmentMaker, version_fn, categories
 class VersionProbe:
     """The weight version the learner serves now, asked as the registered fuzz actor."""
 
-    def __init__(self, run: Run, token: str):
-        self.peer, self.token, self.version = Peer(endpoints(run)["weights"]), token, 0
+    def __init__(self, run: Run, registration: Registration):
+        self.peer, self.registration, self.version = Peer(endpoints(run)["weights"]), registration, 0
 
     def __call__(self) -> int:
         return self.version
 
     def refresh(self) -> None:
         reply = self.peer.ask("get_weights", {"newer_than": 2**62, "wait_ms": 0, "actor_id": "fuzz-actor",
-                                              "token": self.token}, timeout_s=5)
+                                              "token": self.registration.token}, timeout_s=5)
         if reply is not None and reply.kind == "no_weights":
             self.version = reply.meta["version"]
 
@@ -760,7 +783,7 @@ def fuzz(run: Run, port: str, count: int, rng, maker: SegmentMaker | None = None
     (refused as bad_counter)."""
     row = Row(f"fuzz {port} port")
     eps = endpoints(run)
-    probe = VersionProbe(run, maker.token) if maker is not None else None
+    probe = VersionProbe(run, maker.registration) if maker is not None else None
     if port == "control":
         stream = control_fuzz(count, rng, list(real_ids))
     elif port == "weights":
@@ -876,7 +899,7 @@ def lying_segments(run: Run, maker: SegmentMaker, rounds: int, rng, first_seq: i
     (return), a duplicate (the stream moved), more seq gaps than the two lies with a seq of their
     own per round leave."""
     row = Row("lying episode stats and seq")
-    probe = VersionProbe(run, maker.token)
+    probe = VersionProbe(run, maker.registration)
     before, t0 = run.accounts(), time.time()
     peer = Peer(endpoints(run)["trajectory"])
     sent: dict[str, int] = {}
@@ -1062,10 +1085,11 @@ def squatter(run: Run, index: int = 1, hold_s: float = 3.0) -> Row:
 def id_hijack(run: Run, token: str | None, rounds: int = 5) -> Row:
     """A bare peer on the same machine speaks for the live local actors (no keys: any local process
     can claim any id, host and pid): hellos copying each one's host and pid from the run's log
-    ("actor local-0 joined (HOST pid N)"), and for local-0, whose token it kept from holding that
-    id while it was free (`actor_sigterm`), heartbeats and byes with that token. While the real
-    actor is connected each is refused and counted (id_taken). Problems: a welcome, a heartbeat
-    answered or an actor removed by a bye (unauthorised), fewer id_taken than requests, a real
+    ("actor local-0 joined (HOST pid N)"), each refused while the real actor is connected
+    (id_taken); and for local-0, whose token it kept from holding that id while it was free
+    (`actor_sigterm`), heartbeats and byes with that token, each refused as the token of a
+    registration that has ended (stale_token). Problems: a welcome, a heartbeat answered or an
+    actor removed by a bye (unauthorised), fewer refusals than requests of either kind, a real
     actor that left, was dropped or had to rejoin."""
     row = Row("hello under a live actor's id")
     ep = endpoints(run)["control"]
@@ -1089,21 +1113,25 @@ def id_hijack(run: Run, token: str | None, rounds: int = 5) -> Row:
     after = run.accounts(newer_than=run.step())
     row.accounts = after.minus(before)
     taken = _control(after)["invalid"].get("id_taken", 0) - _control(before)["invalid"].get("id_taken", 0)
+    stale = _control(after)["invalid"].get("stale_token", 0) - _control(before)["invalid"].get("stale_token", 0)
     removed = _registry(after)["left_total"] - _registry(before)["left_total"]
     granted = {"welcome": peer.replies.get("welcome", 0), "heartbeat answered": peer.replies.get("heartbeat", 0),
                "removed by a bye": removed}
     row.unauthorised = sum(granted.values())
     if row.unauthorised:
         row.problems.append(f"unauthorised: {granted}")
-    if taken != row.tried:
-        row.problems.append(f"{taken} counted id_taken of {row.tried} requests")
+    if taken != sent["hello"]:
+        row.problems.append(f"{taken} counted id_taken of {sent['hello']} hellos")
+    if stale != sent["heartbeat"] + sent["bye"]:
+        row.problems.append(f"{stale} counted stale_token of {sent['heartbeat'] + sent['bye']} heartbeats and byes")
     if token is None:
         row.problems.append("no token of local-0 (actor SIGTERM): heartbeats and byes not sent")
     row.problems += _real_actors_undisturbed(run, mark) + _liveness(run)
     shown = ", ".join(f"{i} as {h} pid {p}" for i, (h, p) in claims.items())
-    row.outcome = (f"{sent['hello']} hellos ({shown}), {sent['heartbeat']} heartbeats and {sent['bye']} byes with "
-                   f"local-0's token: {taken} refused (id_taken), {row.unauthorised} accepted")
-    row.detail = {"refused": taken, "sent": sent, "replies": peer.replies, "claimed": claims}
+    row.outcome = (f"{sent['hello']} hellos ({shown}): {taken} refused (id_taken); {sent['heartbeat']} heartbeats "
+                   f"and {sent['bye']} byes with local-0's old token: {stale} refused (stale_token); "
+                   f"{row.unauthorised} accepted")
+    row.detail = {"refused": taken + stale, "sent": sent, "replies": peer.replies, "claimed": claims}
     return row
 
 
@@ -1341,8 +1369,8 @@ def actor_sigterm(run: Run, index: int = 0) -> tuple[Row, str | None]:
     """SIGTERM to local actor `index` (what `kill` or a scheduler sends): it says bye and exits 143,
     the launcher restarts it ("actor 0 exited with 143 (SIGTERM); restart k/N") and training goes
     on. While its id is free a bare peer takes it (without keys any peer may) and lets it go at
-    once: the restart takes it over. Returns the row and the token the peer was given, which is
-    the actor's own (without CURVE a token belongs to the id), for `id_hijack`. Problems: another
+    once: the restart takes it over. Returns the row and the token the peer was given, whose
+    registration the restart's takeover ends, for `id_hijack`. Problems: another
     exit code, no restart, an actor that does not send again, training that stops."""
     row = Row("actor SIGTERM", tried=1)
     before, mark, t0, step0 = run.accounts(), len(run.text()), time.time(), run.step()
@@ -1586,12 +1614,12 @@ def huge_flow_chains(out: Path, count: int = 12, updates: int = 60) -> Row:
     overrides = [*suite_overrides(out, "flow_chains", ports, Sizes(actors=1)), "eval.eval_interval=0",
                  "policy.action_head=flow", f"learner.max_steps={updates}", "learner.max_nonfinite_steps=2"]
     run = Run(out, "flow_chains", overrides, ports, 1, label="train")
-    peer = None
+    peer = registration = None
     try:
         run.wait_step(SAVE_INTERVAL, timeout=300)
-        token, welcome = register(run, "fuzz-actor")
-        maker = SegmentMaker(run, token, welcome)
-        probe = VersionProbe(run, token)
+        registration = register(run, "fuzz-actor")
+        maker = SegmentMaker(run, registration)
+        probe = VersionProbe(run, registration)
         probe.refresh()
         peer = Peer(endpoints(run)["trajectory"])
         rng = np.random.default_rng(1)
@@ -1607,6 +1635,8 @@ def huge_flow_chains(out: Path, count: int = 12, updates: int = 60) -> Row:
     finally:
         if peer is not None:
             peer.close()
+        if registration is not None:
+            registration.close()
         run.close()
     row.seconds = time.time() - t0
     try:
@@ -2084,6 +2114,7 @@ def run_suite(out: Path, sizes: Sizes) -> SuiteResult:
     escaped: list[Row] = []
     kept: list = []
     escape = threading.Thread(target=_guarded, args=(escaped, "fake learner: escaping file names", escaping_names, out))
+    registration = None
     try:
         run = Run(out, name, overrides, ports, sizes.ranks, label="a")
         runs.append(run)
@@ -2091,13 +2122,13 @@ def run_suite(out: Path, sizes: Sizes) -> SuiteResult:
         _say(f"run started, step {run.step()}")
         t_attacks = time.time()
         rss["before_mb"] = run.rss_mb(t_attacks - 3)
-        token, welcome = register(run, "fuzz-actor")
-        maker = SegmentMaker(run, token, welcome)
+        registration = register(run, "fuzz-actor")
+        maker = SegmentMaker(run, registration)
         real_ids = [f"local-{i}" for i in range(sizes.actors)] + run.evaluator_ids()
         _guarded(rows, "fuzz control port", fuzz, run, "control", sizes.fuzz_per_port, rng, None, real_ids)
         _guarded(rows, "hello without the join secret", no_secret, run, sizes.outsiders)
         _guarded(rows, "hello flood", hello_flood, run, sizes.hellos)
-        _guarded(rows, "spoofed heartbeats/byes", spoofing, run, sizes.spoofs, rng, token)
+        _guarded(rows, "spoofed heartbeats/byes", spoofing, run, sizes.spoofs, rng, registration.token)
         got = _guarded(rows, "actor SIGTERM", actor_sigterm, run)
         _guarded(rows, "hello under a live actor's id", id_hijack, run, got[1] if got else None)
         _guarded(rows, "squatter on a killed actor's id", squatter, run)
@@ -2106,6 +2137,7 @@ def run_suite(out: Path, sizes: Sizes) -> SuiteResult:
                  sizes.valid_segments)
         _guarded(rows, "lying episode stats and seq", lying_segments, run, maker, sizes.lies, rng,
                  sizes.fuzz_per_port + sizes.valid_segments)
+        registration.close()                 # (its bye: the kills and resumptions below see no fuzz actor)
         rss["after_fuzz_mb"] = run.rss_mb(time.time() - 3)
         _guarded(rows, "disk full during a save", disk_full, run, no_disk)
         _guarded(rows, "actor churn (SIGKILL)", actor_churn, run, sizes.churn_s, sizes.churn_every_s, prng)
@@ -2145,6 +2177,8 @@ def run_suite(out: Path, sizes: Sizes) -> SuiteResult:
         rows += _merge(kills)
         _guarded(rows, "launcher SIGKILL", launcher_sigkill, run)
     finally:
+        if registration is not None:
+            registration.close()
         for r in runs:
             r.close()
         unmount(disk)
