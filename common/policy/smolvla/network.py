@@ -131,15 +131,16 @@ class VLMWithExpert(nn.Module):
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         return self.text.get_input_embeddings()(ids)
 
-    def prefix(self, embeds: torch.Tensor, allowed: torch.Tensor, positions: torch.Tensor) -> list:
-        """Run the prefix through the VLM's layers; every layer's (rotated keys, values)."""
+    def prefix(self, embeds: torch.Tensor, allowed: torch.Tensor, positions: torch.Tensor):
+        """Run the prefix through the VLM's layers: every layer's (rotated keys, values), and the
+        last layer's normalised hidden states [B, P, W]."""
         h, cache = embeds, []
         for layer in self.text.layers:
             q, k, v = _qkv(layer, layer.input_layernorm(h), self.head_dim)
             q, k = rotate(q, positions), rotate(k, positions)
             cache.append((k, v))
             h = _finish(layer, h, attention(q, k, v, allowed))
-        return cache
+        return cache, self.text.norm(h)
 
     def suffix(self, embeds: torch.Tensor, cache: list, allowed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The action tokens through the expert, reading the prefix's cache; `allowed` [B, S, P + S],
@@ -222,10 +223,12 @@ class SmolVLANet(nn.Module):
         return embeds, pad, blocks
 
     def prefix(self, images, image_masks, ids, id_mask, state):
-        """The prefix pass: (every layer's keys and values, the prefix padding mask [B, P])."""
+        """The prefix pass: (every layer's keys and values, the prefix padding mask [B, P], the
+        state token's last hidden state [B, W], which has seen the whole prefix)."""
         embeds, pad, blocks = self.embed_prefix(images, image_masks, ids, id_mask, state)
-        cache = self.vlm_with_expert.prefix(embeds, attention_mask(pad, blocks), torch.cumsum(pad, 1) - 1)
-        return cache, pad
+        cache, hidden = self.vlm_with_expert.prefix(embeds, attention_mask(pad, blocks), torch.cumsum(pad, 1) - 1)
+        state_token = blocks.argmax(1)             # (the one token that starts a block of its own)
+        return cache, pad, hidden[torch.arange(hidden.shape[0], device=hidden.device), state_token]
 
     # ------------------------------------------------------------------------------- suffix
     def embed_suffix(self, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -250,7 +253,7 @@ class SmolVLANet(nn.Module):
     def sample(self, images, image_masks, ids, id_mask, state, noise: torch.Tensor) -> torch.Tensor:
         """The chunk [B, chunk, max_action_dim] (normalised units) from `noise` by num_steps Euler
         steps of the velocity, from t = 1 to t = 0."""
-        cache, pad = self.prefix(images, image_masks, ids, id_mask, state)
+        cache, pad, _ = self.prefix(images, image_masks, ids, id_mask, state)
         dt, x = -1.0 / self.spec.num_steps, noise
         for i in range(self.spec.num_steps):
             t = torch.full((x.shape[0],), 1.0 + i * dt, dtype=torch.float32, device=x.device)

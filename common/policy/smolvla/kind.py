@@ -1,0 +1,313 @@
+"""SmolVLA as an asyncvla policy: the interface actors, learner, SFT and checkpoints use
+(VLAPolicy's: act, evaluate, sft_loss, value, tokenize, the trainable tensors, save/load), on a
+SmolVLA loaded from a LeRobot policy directory.
+
+Acting for RL: the chunk is denoised as LeRobot denoises it (policy.py), as a chain with one Gaussian
+step per sample (Flow-SDE, policy.flow.noise_level; flow_sampling.py), so that the learner can
+score it again. The chain lives in SmolVLA's own space: chunk_size steps x max_action_dim entries,
+normalised. Only the entries the env executes count in the log-prob: the first
+policy.num_action_chunks steps of the first action_dim dimensions. The value head reads the VLM's
+last hidden state of the state token, the prefix token that sees every other. What trains: the
+action expert, the state, action and time projections and the value head; the VLM stays frozen
+(LeRobot's train_expert_only).
+
+A saved policy (`save_pretrained`) is a directory of its own:
+    policy.json         asyncvla's record: "kind": "smolvla" and the run's policy settings
+    lerobot/            the LeRobot directory with the current tensors (config.json, model.safetensors,
+                        its processor files, unchanged), which LeRobot's SmolVLAPolicy loads
+    vlm/                the VLM's config and tokenizer (lerobot/config.json names it "../vlm")
+    heads.safetensors   the value head
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ...config import PolicyConfig
+from ...protocol import Field
+from ..action_tokenizer import ActionTokenizer
+from ..flow import flow_matching_loss, interpolate, sample_time
+from ..flow_sampling import FlowSampling, chain_logprob, sample_chain
+from ..heads import ActionHead, SFTLoss
+from ..logprobs import reduce_logprobs
+from ..model import ActOutput, EvalOutput, _numpy, _policy_config_from_dict, resolve_dtype
+from ..value_head import ValueHead
+from .checkpoint import ACTION_KEY, CONFIG, WEIGHTS, LeRobotDirError, normalize
+from .policy import SmolVLA, resize_with_pad
+
+KIND = "smolvla"
+LEROBOT_DIR, VLM_DIR, HEADS_FILE, POLICY_FILE = "lerobot", "vlm", "heads.safetensors", "policy.json"
+FORMAT, FORMAT_VERSION = "asyncvla-vla-policy", 1
+VLM_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+             "merges.txt", "added_tokens.json", "preprocessor_config.json", "processor_config.json",
+             "chat_template.json", "video_preprocessor_config.json", "generation_config.json")
+
+
+class SmolVLAChain(ActionHead):
+    """What a segment carries to score a SmolVLA chunk again (the denoising chain and which of its
+    steps was Gaussian); the policy itself acts and scores."""
+    name = "smolvla_flow"
+    densities = True
+    sft_draws = True
+
+    def __init__(self, cfg: PolicyConfig, num_steps: int, chunk_size: int, width: int):
+        super().__init__(cfg)
+        self.num_steps, self.chunk_size, self.width = num_steps, chunk_size, width
+
+    def replay_fields(self) -> dict:
+        n = self.num_steps
+        return {"flow_chain": Field("float32", (n + 1, self.chunk_size, self.width), "step", "unit"),
+                "flow_stochastic": Field("uint8", (n,), "step")}
+
+    def check_replay(self, arrays):
+        s = arrays["flow_stochastic"]
+        if s.size and not s.any(-1).all():
+            return "'flow_stochastic' has a chunk with no Gaussian step: its log-prob cannot be recomputed"
+        return None
+
+    def freezes_backbone(self) -> bool:
+        return True
+
+
+class SmolVLAPolicy(nn.Module):
+    def __init__(self, vla: SmolVLA, cfg: PolicyConfig, vlm_dir: Path):
+        super().__init__()
+        self.cfg, self.spec, self.stats, self.tokenizer, self.vlm_dir = cfg, vla.spec, vla.dir.stats, vla.tokenizer, vlm_dir
+        self.lerobot_config = vla.dir.config
+        self.lerobot_path = vla.dir.path
+        self.net = vla.net
+        width = self.net.state_proj.out_features
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.init_seed)
+            self.value_head = ValueHead(width, cfg.value_head_hidden, "none")
+        self.head = SmolVLAChain(cfg, self.spec.num_steps, self.spec.chunk_size, self.spec.max_action_dim)
+        # (asyncvla's segment checks read the instruction vocabulary from here; a SmolVLA has no
+        # action tokens, so its 2 "bins" are never used)
+        vocab = self.net.vlm_with_expert.text.get_input_embeddings().num_embeddings
+        self.action_tokenizer = ActionTokenizer(n_bins=2, vocab_size=vocab)
+        self._check(cfg)
+        self._set_trainable()
+
+    # ------------------------------------------------------------------------ construction
+    @classmethod
+    def from_lerobot(cls, path, cfg: PolicyConfig, device="cpu", dtype: torch.dtype | None = None) -> "SmolVLAPolicy":
+        """A LeRobot SmolVLA directory, for a run whose policy settings are `cfg`."""
+        dtype = dtype or resolve_dtype(cfg.precision, device)
+        vla = SmolVLA.load(path, device=device, dtype=dtype)
+        return cls(vla, cfg, vla.dir.vlm_dir).to(device).eval()
+
+    @classmethod
+    def from_pretrained(cls, path, device="cpu", dtype: torch.dtype | None = None) -> "SmolVLAPolicy":
+        """A directory written by `save_pretrained`."""
+        meta = json.loads((Path(path) / POLICY_FILE).read_text())
+        cfg = _policy_config_from_dict(meta["policy"])
+        policy = cls.from_lerobot(Path(path) / LEROBOT_DIR, cfg, device, dtype)
+        heads = load_file(str(Path(path) / HEADS_FILE))
+        policy.value_head.load_state_dict({k.removeprefix("value_head."): v for k, v in heads.items()})
+        return policy
+
+    def _check(self, cfg: PolicyConfig) -> None:
+        """The run's policy settings against the directory's, named where they differ."""
+        spec, where = self.spec, f"policy.pretrained_path='{self.lerobot_path}'"
+        problems = []
+        if len(spec.image_keys) != 1:
+            problems.append(f"it reads {len(spec.image_keys)} cameras {list(spec.image_keys)}; the envs give one")
+        if cfg.action_dim != spec.action_dim:
+            problems.append(f"policy.action_dim={cfg.action_dim} but its action has {spec.action_dim} dimensions")
+        if cfg.state_dim != spec.state_dim:
+            problems.append(f"policy.state_dim={cfg.state_dim} but its observation.state has {spec.state_dim}")
+        if cfg.num_action_chunks > spec.chunk_size:
+            problems.append(f"policy.num_action_chunks={cfg.num_action_chunks} is above its chunk_size={spec.chunk_size}")
+        if cfg.max_instruction_tokens > spec.tokenizer_max_length:
+            problems.append(f"policy.max_instruction_tokens={cfg.max_instruction_tokens} is above its "
+                            f"tokenizer_max_length={spec.tokenizer_max_length}")
+        if problems:
+            raise LeRobotDirError(f"{where}: " + "; ".join(problems))
+
+    # ------------------------------------------------------------------------- properties
+    @property
+    def device(self) -> torch.device:
+        return self.net.state_proj.weight.device
+
+    @property
+    def temperature(self) -> float:
+        return self.cfg.temperature
+
+    @property
+    def sampling(self) -> FlowSampling:
+        f = self.cfg.flow
+        return FlowSampling(self.spec.num_steps, "flow_sde", f.noise_level, f.log_std_min, f.log_std_max)
+
+    # ------------------------------------------------------------------------ entry points
+    def tokenize(self, texts) -> tuple[np.ndarray, np.ndarray]:
+        """Each instruction + "\\n" (as LeRobot's processor), padded on the right to
+        policy.max_instruction_tokens; too long raises ValueError."""
+        if isinstance(texts, str):
+            raise TypeError("tokenize expects a list of instructions, got a single str; wrap it in a list")
+        n = self.cfg.max_instruction_tokens
+        texts = [t if t.endswith("\n") else t + "\n" for t in texts]
+        out = self.tokenizer(texts, padding="max_length", max_length=n, padding_side="right", return_tensors="np")
+        if out["input_ids"].shape[1] > n:
+            raise ValueError(f"an instruction has more than policy.max_instruction_tokens={n} tokens")
+        return out["input_ids"].astype(np.int64), out["attention_mask"].astype(np.uint8)
+
+    @torch.no_grad()
+    def act(self, image, ids, mask, state=None, temperature: float | None = None, greedy: bool = False,
+            generator: torch.Generator | None = None) -> ActOutput:
+        """A chunk drawn as a chain (module docstring); greedy: LeRobot's own (ODE) denoising."""
+        cache, pad, values = self._prefix(image, ids, mask, state)
+        b, k, d = cache[0][0].shape[0], self.cfg.num_action_chunks, self.spec.action_dim
+        out = sample_chain(self.net.velocity, self.sampling, cache, pad,
+                           (b, self.spec.chunk_size, self.spec.max_action_dim), greedy, generator)
+        actions = self._env_units(out.chain[:, -1, :k, :d])
+        replay = {"flow_chain": out.chain, "flow_stochastic": out.stochastic.to(torch.uint8)}
+        return ActOutput(_numpy(actions), {n: _numpy(v) for n, v in replay.items()},
+                         _numpy(out.logp[:, :k, :d].reshape(b, k * d)), _numpy(values.float()))
+
+    def evaluate(self, image, ids, mask, state, replay: dict, logprob_type: str = "token_level",
+                 temperature: float | None = None, value_image=None) -> EvalOutput:
+        cache, pad, values = self._prefix(image, ids, mask, state)
+        b, k, d = cache[0][0].shape[0], self.cfg.num_action_chunks, self.spec.action_dim
+        chain, stochastic = self._replay(replay, b)
+        logp, entropy = chain_logprob(self.net.velocity, self.sampling, cache, pad, chain, stochastic)
+        logp, entropy = (x[:, :k, :d].reshape(b, k * d) for x in (logp, entropy))
+        return EvalOutput(reduce_logprobs(logp, logprob_type, k, d), reduce_logprobs(entropy, logprob_type, k, d),
+                          values)
+
+    def sft_loss(self, image, ids, mask, state, actions, generator: torch.Generator | None = None):
+        """SmolVLA's flow-matching loss on demo chunks [B, K, D] (env units, normalised with the
+        directory's statistics), over the K steps and D dimensions a demo has."""
+        cache, pad, values = self._prefix(image, ids, mask, state)
+        b, k, d = actions.shape
+        target = torch.zeros(b, self.spec.chunk_size, self.spec.max_action_dim, device=self.device)
+        target[:, :k, :d] = normalize(torch.as_tensor(actions, dtype=torch.float32, device=self.device),
+                                      self.stats.get(ACTION_KEY, {}), self.spec.mode("ACTION"))
+        dev = generator.device if generator is not None else self.device
+        noise = torch.randn(target.shape, generator=generator, device=dev).to(self.device)
+        t = sample_time((b,), generator, self.cfg.flow.time_alpha).to(self.device)
+        x_t, _ = interpolate(target, noise, t)
+        velocity = self.net.velocity(x_t, t, cache, pad)
+        loss = flow_matching_loss(velocity[:, :k, :d], target[:, :k, :d], noise[:, :k, :d])
+        return SFTLoss(loss.expand(b), values, {})
+
+    def forward(self, image, ids, mask, state=None, *, replay: dict | None = None,
+                logprob_type: str = "token_level", temperature: float | None = None, value_image=None,
+                demo_actions=None, generator=None):
+        if demo_actions is not None:
+            return self.sft_loss(image, ids, mask, state, demo_actions, generator)
+        return self.evaluate(image, ids, mask, state, replay, logprob_type, temperature, value_image)
+
+    def value(self, image, ids, mask, state=None) -> torch.Tensor:
+        return self._prefix(image, ids, mask, state)[2]
+
+    # --------------------------------------------------------------- trainable parameters
+    def _is_trainable(self, name: str) -> bool:
+        return not name.startswith("net.vlm_with_expert.vlm.")
+
+    def _set_trainable(self):
+        for name, p in self.named_parameters():
+            p.requires_grad_(self._is_trainable(name))
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.named_parameters() if self._is_trainable(n)}
+
+    def load_trainable_state_dict(self, state: dict) -> None:
+        own = {n: p for n, p in self.named_parameters() if self._is_trainable(n)}
+        missing, unexpected = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
+        if missing or unexpected:
+            raise KeyError(f"trainable state dict does not match this policy: {len(missing)} missing "
+                           f"(e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]})")
+        with torch.no_grad():
+            for name, p in own.items():
+                value = torch.as_tensor(state[name])
+                if tuple(value.shape) != tuple(p.shape):
+                    raise ValueError(f"trainable tensor '{name}': expected shape {tuple(p.shape)}, "
+                                     f"got {tuple(value.shape)}")
+                p.copy_(value.to(device=p.device, dtype=p.dtype))
+
+    # ------------------------------------------------------------------------- save / load
+    def save_lerobot(self, path, vlm_model_name: str | None = None) -> None:
+        """A LeRobot SmolVLA directory with this policy's tensors: the source directory's config
+        (vlm_model_name replaced if given) and processor files, and a new model.safetensors."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        for f in self.lerobot_path.iterdir():
+            if f.is_file() and f.name not in (WEIGHTS, CONFIG) and not _same_file(f, path / f.name):
+                shutil.copy2(f, path / f.name)
+        weights = {f"model.{n}": t.detach().cpu().contiguous() for n, t in self.net.state_dict().items()}
+        save_file(weights, str(path / WEIGHTS))
+        config = dict(self.lerobot_config, **({"vlm_model_name": vlm_model_name} if vlm_model_name else {}))
+        (path / CONFIG).write_text(json.dumps(config, indent=4) + "\n")
+
+    def save_pretrained(self, path) -> None:
+        path = Path(path)
+        (path / VLM_DIR).mkdir(parents=True, exist_ok=True)
+        for name in VLM_FILES:
+            if (self.vlm_dir / name).is_file() and not _same_file(self.vlm_dir / name, path / VLM_DIR / name):
+                shutil.copy2(self.vlm_dir / name, path / VLM_DIR / name)
+        self.save_lerobot(path / LEROBOT_DIR, vlm_model_name=os.path.join("..", VLM_DIR))
+        save_file({f"value_head.{n}": t.detach().cpu().contiguous() for n, t in self.value_head.state_dict().items()},
+                  str(path / HEADS_FILE))
+        policy = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "pretrained_path"}
+        (path / POLICY_FILE).write_text(json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "kind": KIND,
+                                                    "policy": policy}, indent=2))
+
+    # ---------------------------------------------------------------------------- internals
+    def _prefix(self, image, ids, mask, state):
+        """(every layer's keys and values, the prefix padding mask, values [B] fp32)."""
+        pixels, ids, mask, state = self._inputs(image, ids, mask, state)
+        present = torch.ones(pixels.shape[0], dtype=torch.bool, device=self.device)
+        cache, pad, hidden = self.net.prefix([pixels], [present], ids, mask, state)
+        return cache, pad, self.value_head(hidden.float())
+
+    def _inputs(self, image, ids, mask, state):
+        size = self.cfg.image_size
+        image = torch.as_tensor(np.asarray(image) if not isinstance(image, torch.Tensor) else image)
+        if image.dtype != torch.uint8 or image.ndim != 4 or tuple(image.shape[1:]) != (size, size, 3):
+            raise ValueError(f"image must be uint8 [B, {size}, {size}, 3] (policy.image_size={size}); got "
+                             f"{str(image.dtype).replace('torch.', '')} {list(image.shape)}")
+        x = image.to(self.device).permute(0, 3, 1, 2).float() / 255.0
+        if self.spec.resize_imgs_with_padding is not None:
+            x = resize_with_pad(x, *self.spec.resize_imgs_with_padding)
+        pixels = (x * 2.0 - 1.0).to(self.net.state_proj.weight.dtype)
+        ids = torch.as_tensor(np.asarray(ids) if not isinstance(ids, torch.Tensor) else ids).to(self.device, torch.long)
+        mask = torch.as_tensor(np.asarray(mask) if not isinstance(mask, torch.Tensor) else mask).to(self.device).bool()
+        b = pixels.shape[0]
+        if self.spec.state_dim:
+            if state is None:
+                raise ValueError(f"this policy reads a proprio state (policy.state_dim={self.spec.state_dim}); got none")
+            s = torch.as_tensor(np.asarray(state) if not isinstance(state, torch.Tensor) else state)
+            s = normalize(s.to(self.device, torch.float32), self.stats.get("observation.state", {}),
+                          self.spec.mode("STATE"))
+        else:
+            s = torch.zeros(b, 0, device=self.device)
+        s = torch.nn.functional.pad(s, (0, self.spec.max_state_dim - s.shape[-1]))
+        return pixels, ids, mask, s.to(self.net.state_proj.weight.dtype)
+
+    def _env_units(self, x: torch.Tensor) -> torch.Tensor:
+        return normalize(x.float(), self.stats.get(ACTION_KEY, {}), self.spec.mode("ACTION"), inverse=True)
+
+    def _replay(self, replay: dict, batch: int):
+        n, c, w = self.spec.num_steps, self.spec.chunk_size, self.spec.max_action_dim
+        chain, stochastic = replay.get("flow_chain"), replay.get("flow_stochastic")
+        if chain is None or stochastic is None:
+            raise ValueError("a SmolVLA policy evaluates chains: pass flow_chain and flow_stochastic (act's replay)")
+        chain, stochastic = torch.as_tensor(chain), torch.as_tensor(stochastic)
+        if tuple(chain.shape) != (batch, n + 1, c, w) or not chain.is_floating_point():
+            raise ValueError(f"flow_chain must be float [B={batch}, {n + 1}, {c}, {w}]; got {list(chain.shape)}")
+        if tuple(stochastic.shape) != (batch, n):
+            raise ValueError(f"flow_stochastic must be [B={batch}, {n}]; got {list(stochastic.shape)}")
+        return chain.to(self.device, torch.float32), stochastic.to(self.device).bool()
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return b.exists() and a.resolve() == b.resolve()
