@@ -20,7 +20,7 @@ from pathlib import Path
 from asyncvla.common import transport
 from asyncvla.common.config import Config, from_dict
 from asyncvla.common.control import policy_file_parts
-from asyncvla.common.policy import VLAPolicy
+from asyncvla.common.policy import VLAPolicy, load_policy
 
 
 @dataclass
@@ -59,7 +59,7 @@ def join(learner: str, actor_id: str, tcfg, stop, num_envs: int | None = None,
         cfg.transport.keys_dir = tcfg.keys_dir
         policy_dir, tmp = _policy_dir(welcome["policy"], client)
         try:
-            policy = VLAPolicy.from_pretrained(policy_dir, device=cfg.actor.device)
+            policy = load_policy(policy_dir, device=cfg.actor.device)
         finally:
             if tmp:
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -10,16 +10,14 @@ the ManiSkill check imports ManiSkill (and torch): it builds the task without ob
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-from pathlib import Path
 
 from asyncvla.common.config import Config
 
 def problems(cfg: Config, ports: bool = True) -> list[str]:
     from asyncvla.common import trackers
-    out = _run_dir(cfg) + _pretrained(cfg.policy.pretrained_path) + _resume(cfg) + _keys(cfg) + \
+    out = _run_dir(cfg) + _pretrained(cfg.policy) + _resume(cfg) + _keys(cfg) + \
         _actor_hosts(cfg) + trackers.problems(cfg) + env_problems(cfg)
     if ports:
         out += busy_ports(cfg)
@@ -56,33 +54,13 @@ def _run_dir(cfg: Config) -> list[str]:
     return []
 
 
-def _pretrained(path: str | None) -> list[str]:
-    if not path:
+def _pretrained(policy) -> list[str]:
+    """What keeps policy.pretrained_path from loading, by the kind of policy it holds
+    (common/policy/kinds.py)."""
+    if not policy.pretrained_path:
         return []
-    key = f"policy.pretrained_path={path!r}"
-    if not os.path.isdir(path):
-        return [f"{key}: no such directory"]
-    from asyncvla.common.policy.model import POLICY_FILE
-    if os.path.isfile(os.path.join(path, POLICY_FILE)):           # a policy saved by save_pretrained
-        try:
-            json.loads(Path(path, POLICY_FILE).read_text())
-        except (OSError, ValueError) as e:
-            return [f"{key}: {POLICY_FILE} is not readable JSON ({e})"]
-        return []
-    from asyncvla.common.policy.backbone import check_backbone_dir
-    try:
-        check_backbone_dir(path)
-    except FileNotFoundError as e:
-        return [f"{key}: {e} (expected a policy saved by asyncvla or a Hugging Face VLM directory)"]
-    try:
-        model_type = json.loads(Path(path, "config.json").read_text()).get("model_type")
-    except (OSError, ValueError) as e:
-        return [f"{key}: config.json is not readable JSON ({e})"]
-    from asyncvla.common.policy.families import supported_model_types
-    if model_type not in supported_model_types():
-        return [f"{key}: holds a {model_type!r} model; supported: {', '.join(supported_model_types())} "
-                "(common/policy/families/) or a policy saved by asyncvla"]
-    return []
+    from asyncvla.common.policy import kinds
+    return kinds.preflight(policy)
 
 
 def _resume(cfg: Config) -> list[str]:

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from asyncvla.common.config import Config, ConfigError, from_dict, load_config, to_yaml
-from asyncvla.common.policy import VLAPolicy
+from asyncvla.common.policy import VLAPolicy, kinds
 from asyncvla.learner import checkpoint
 from asyncvla.learner.checkpoint import CheckpointError
 
@@ -49,7 +49,7 @@ def load_policy(path, weights: str = "trained", device="cpu") -> tuple[VLAPolicy
             raise ConfigError(f"'{p}' is a policy export with one set of weights; weights={weights!r} "
                               "applies to training checkpoints only")
         try:
-            policy = VLAPolicy.from_pretrained(str(p), device=device)
+            policy = kinds.load_policy(p, device=device)
         except (OSError, ValueError) as e:
             raise CheckpointError(f"policy export '{p}' cannot be loaded: {e}") from None
         cfg = load_config(p / CONFIG_FILE) if (p / CONFIG_FILE).is_file() else None
@@ -118,8 +118,8 @@ def _base_policy(tag_dir: Path, cfg: Config, device, dtype) -> VLAPolicy:
     init = tag_dir.resolve().parents[1] / "policy_init"          # <run>/checkpoints/<tag>
     try:
         if (init / "policy.json").is_file():
-            return VLAPolicy.from_pretrained(str(init), device=device, dtype=dtype)
-        return VLAPolicy.build(cfg.policy, device=device, dtype=dtype)
+            return kinds.load_policy(init, device=device, dtype=dtype)
+        return kinds.build_policy(cfg.policy, device=device, dtype=dtype)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"the policy of checkpoint '{tag_dir}' cannot be rebuilt: {e}") from None
 
@@ -152,6 +152,6 @@ def merge_lora(policy: VLAPolicy) -> None:
     policy.cfg.is_lora turns false so that the saved policy loads without adapter files."""
     from peft import PeftModel
 
-    if isinstance(policy.backbone, PeftModel):
+    if isinstance(getattr(policy, "backbone", None), PeftModel):      # (a kind without a VLM backbone: none)
         policy.backbone = policy.backbone.merge_and_unload()
         policy.cfg = dataclasses.replace(policy.cfg, is_lora=False)

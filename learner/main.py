@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from asyncvla.common import placement
 from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides
-from asyncvla.common.policy import VLAPolicy
+from asyncvla.common.policy import build_policy, load_policy
 from asyncvla.common.rundir import CHECKPOINTS, run_dir as run_dir_of_config
 from asyncvla.common.signals import stop_on_signals
 from asyncvla.learner import checkpoint, engine as ds_engine
@@ -148,9 +148,9 @@ def _build_engine(cfg: Config, run_dir: Path, cols_per_rank: int, device):
     torch.manual_seed(cfg.actor.seed)
     policy_dir = run_dir / "policy_init"
     if dist.get_rank() == 0 and not (policy_dir / "policy.json").exists():
-        VLAPolicy.build(cfg.policy).save_pretrained(policy_dir)
+        build_policy(cfg.policy).save_pretrained(policy_dir)
     dist.barrier()
-    policy = VLAPolicy.from_pretrained(policy_dir, device=device)
+    policy = load_policy(policy_dir, device=device)
     engine = ds_engine.build_engine(policy, cfg, gradient_accumulation_steps=_micro_per_minibatch(cfg, cols_per_rank))
     return engine, policy_dir
 

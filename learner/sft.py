@@ -34,7 +34,7 @@ import torch.distributed as dist
 from asyncvla.common.config import Config, LearnerConfig, to_dict, to_yaml
 from asyncvla.common.demos import DemoSpec, camera_settings, read_demos
 from asyncvla.common.lerobot import is_lerobot
-from asyncvla.common.policy import VLAPolicy
+from asyncvla.common.policy import build_policy, load_policy
 from asyncvla.common.rundir import run_dir
 from asyncvla.common.trackers import open_trackers
 from asyncvla.learner import checkpoint, engine as ds_engine
@@ -138,9 +138,9 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
             low, high = action_range_q99(samples.actions[:, 0])
             policy_cfg = dataclasses.replace(policy_cfg, action_low=low, action_high=high)
             log.info("action range from the demos (q01 .. q99): low %s high %s", low, high)
-        VLAPolicy.build(policy_cfg).save_pretrained(init_dir)
+        build_policy(policy_cfg).save_pretrained(init_dir)
     dist.barrier()
-    policy = VLAPolicy.from_pretrained(init_dir)
+    policy = load_policy(init_dir)
     engine_cfg = _engine_config(cfg)
     per_rank = sc.batch_size // world
     accum = -(-per_rank // engine_cfg.learner.micro_batch_size)
@@ -156,7 +156,7 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
         log.info("continuing SFT from %s (step %d)", latest, step)
 
     writer = open_trackers(cfg, out, "sft") if rank == 0 else None
-    eval_policy = VLAPolicy.from_pretrained(init_dir) if rank == 0 else None
+    eval_policy = load_policy(init_dir) if rank == 0 else None
     rng = np.random.default_rng([sc.seed, step])
     bar = _bar(sc.steps, step, progress and rank == 0)
     t0 = time.perf_counter()

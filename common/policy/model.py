@@ -154,6 +154,29 @@ class VLAPolicy(nn.Module):
         return policy
 
     @classmethod
+    def preflight(cls, cfg: PolicyConfig) -> list[str]:
+        """What keeps policy.pretrained_path (a saved policy or a Hugging Face VLM) from loading, in
+        lines (checked before any process starts)."""
+        path, key = cfg.pretrained_path, f"policy.pretrained_path={cfg.pretrained_path!r}"
+        if os.path.isfile(os.path.join(path, POLICY_FILE)):           # a policy saved by save_pretrained
+            return []                                                 # (readable: kinds.kind_of read it)
+        try:
+            check_backbone_dir(path)
+        except FileNotFoundError as e:
+            return [f"{key}: {e} (expected a policy saved by asyncvla, a Hugging Face VLM directory or a "
+                    "LeRobot SmolVLA directory)"]
+        try:
+            with open(os.path.join(path, "config.json")) as f:
+                model_type = json.load(f).get("model_type")
+        except (OSError, ValueError) as e:
+            return [f"{key}: config.json is not readable JSON ({e})"]
+        from .families import supported_model_types
+        if model_type not in supported_model_types():
+            return [f"{key}: holds a {model_type!r} model; supported: {', '.join(supported_model_types())} "
+                    "(common/policy/families/) or a policy saved by asyncvla"]
+        return []
+
+    @classmethod
     def _assemble(cls, vlm, tokenizer, image_spec, cfg, device, adapter_dir=None, heads_file=None):
         cfg = dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone))
         if vlm.lm_head.out_features <= cfg.n_bins:

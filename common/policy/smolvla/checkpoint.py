@@ -134,7 +134,9 @@ class LeRobotPolicyDir:
     vlm_dir: Path
 
 
-def read_policy_dir(path) -> LeRobotPolicyDir:
+def read_policy_dir(path, weights: bool = True) -> LeRobotPolicyDir:
+    """The directory's contents; without `weights`, the tensors' shapes only (as meta tensors), read
+    from model.safetensors' header."""
     path = Path(path)
     if not path.is_dir():
         raise LeRobotDirError(f"{path}: not a directory (a LeRobot policy directory holds {CONFIG} and {WEIGHTS})")
@@ -142,10 +144,36 @@ def read_policy_dir(path) -> LeRobotPolicyDir:
     spec = SmolVLASpec.from_config(config, str(path / CONFIG))
     if not (path / WEIGHTS).is_file():
         raise LeRobotDirError(f"{path / WEIGHTS}: missing (the policy's tensors)")
-    raw = load_file(str(path / WEIGHTS))
-    weights = {k.removeprefix("model."): v for k, v in raw.items() if k.startswith("model.")}
+    raw = load_file(str(path / WEIGHTS)) if weights else _header(path / WEIGHTS)
+    tensors = {k.removeprefix("model."): v for k, v in raw.items() if k.startswith("model.")}
     stats = _stats(path, spec, raw)
-    return LeRobotPolicyDir(path, config, spec, weights, stats, _vlm_dir(path, spec.vlm_model_name))
+    return LeRobotPolicyDir(path, config, spec, tensors, stats, _vlm_dir(path, spec.vlm_model_name))
+
+
+def check_tensors(own: dict, found: dict, where: str) -> None:
+    """The tensors a network has ({name: tensor}) against a file's (names without "model."): one
+    line naming what is missing, unexpected or of another shape."""
+    missing, unexpected = sorted(own.keys() - found.keys()), sorted(found.keys() - own.keys())
+    if missing or unexpected:
+        parts = [f"{len(names)} {what} (model.{names[0]}{', ...' if len(names) > 1 else ''})"
+                 for what, names in (("missing", missing), ("unexpected", unexpected)) if names]
+        raise LeRobotDirError(f"{where}: its tensors do not fit SmolVLA as its config.json describes it: "
+                              + "; ".join(parts))
+    for name, tensor in found.items():
+        if tuple(tensor.shape) != tuple(own[name].shape):
+            raise LeRobotDirError(f"{where}: tensor model.{name} has shape {list(tensor.shape)}; its config "
+                                  f"gives {list(own[name].shape)}")
+
+
+def _header(path: Path) -> dict[str, torch.Tensor]:
+    """model.safetensors' tensors as meta tensors of their shapes and dtypes (no data read)."""
+    from safetensors import safe_open
+    out = {}
+    with safe_open(str(path), framework="pt") as f:
+        for name in f.keys():
+            piece = f.get_slice(name)
+            out[name] = torch.empty(piece.get_shape(), device="meta")
+    return out
 
 
 def normalize(x: torch.Tensor, stats: dict, mode: str, inverse: bool = False) -> torch.Tensor:
@@ -223,6 +251,8 @@ def _stats(path: Path, spec: SmolVLASpec, raw: dict) -> dict[str, dict[str, torc
                     feature, _, stat = name.rpartition(".")
                     found.setdefault(feature, {})[stat] = tensor.float()
     if not found:
+        if any(v.is_meta for v in raw.values()):           # (the header only: read the buffers' values)
+            raw = {k: v for k, v in load_file(str(path / WEIGHTS)).items() if not k.startswith("model.")}
         found = _buffer_stats(raw, spec)
     for feature, stat_names in stats_needed(spec).items():
         for stat in stat_names:

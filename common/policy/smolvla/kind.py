@@ -41,7 +41,8 @@ from ..heads import ActionHead, SFTLoss
 from ..logprobs import reduce_logprobs
 from ..model import ActOutput, EvalOutput, _numpy, _policy_config_from_dict, resolve_dtype
 from ..value_head import ValueHead
-from .checkpoint import ACTION_KEY, CONFIG, WEIGHTS, LeRobotDirError, normalize
+from .checkpoint import ACTION_KEY, CONFIG, WEIGHTS, LeRobotDirError, check_tensors, normalize, read_policy_dir
+from .network import SmolVLANet
 from .policy import SmolVLA, resize_with_pad
 
 KIND = "smolvla"
@@ -50,6 +51,23 @@ FORMAT, FORMAT_VERSION = "asyncvla-vla-policy", 1
 VLM_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
              "merges.txt", "added_tokens.json", "preprocessor_config.json", "processor_config.json",
              "chat_template.json", "video_preprocessor_config.json", "generation_config.json")
+
+
+def settings_problems(spec, cfg: PolicyConfig) -> list[str]:
+    """The run's policy settings (and so its env's) against a SmolVLA directory's, by name."""
+    problems = []
+    if len(spec.image_keys) != 1:
+        problems.append(f"it reads {len(spec.image_keys)} cameras {list(spec.image_keys)}; the envs give one")
+    if cfg.action_dim != spec.action_dim:
+        problems.append(f"policy.action_dim={cfg.action_dim} but its action has {spec.action_dim} dimensions")
+    if cfg.state_dim != spec.state_dim:
+        problems.append(f"policy.state_dim={cfg.state_dim} but its observation.state has {spec.state_dim}")
+    if cfg.num_action_chunks > spec.chunk_size:
+        problems.append(f"policy.num_action_chunks={cfg.num_action_chunks} is above its chunk_size={spec.chunk_size}")
+    if cfg.max_instruction_tokens > spec.tokenizer_max_length:
+        problems.append(f"policy.max_instruction_tokens={cfg.max_instruction_tokens} is above its "
+                        f"tokenizer_max_length={spec.tokenizer_max_length}")
+    return problems
 
 
 class SmolVLAChain(ActionHead):
@@ -99,6 +117,19 @@ class SmolVLAPolicy(nn.Module):
 
     # ------------------------------------------------------------------------ construction
     @classmethod
+    def build(cls, cfg: PolicyConfig, device="cpu", dtype: torch.dtype | None = None) -> "SmolVLAPolicy":
+        """policy.pretrained_path: a LeRobot SmolVLA directory, or a SmolVLA policy saved by
+        `save_pretrained` (SFT's, continued with this run's temperature, precision and noise)."""
+        path = Path(cfg.pretrained_path)
+        if not (path / POLICY_FILE).is_file():
+            return cls.from_lerobot(path, cfg, device, dtype)
+        policy = cls.from_pretrained(path, device, dtype)
+        policy.cfg = dataclasses.replace(policy.cfg, temperature=cfg.temperature, precision=cfg.precision,
+                                         pretrained_path=str(path), flow=cfg.flow)
+        policy._check(cfg)
+        return policy
+
+    @classmethod
     def from_lerobot(cls, path, cfg: PolicyConfig, device="cpu", dtype: torch.dtype | None = None) -> "SmolVLAPolicy":
         """A LeRobot SmolVLA directory, for a run whose policy settings are `cfg`."""
         dtype = dtype or resolve_dtype(cfg.precision, device)
@@ -116,22 +147,28 @@ class SmolVLAPolicy(nn.Module):
         return policy
 
     def _check(self, cfg: PolicyConfig) -> None:
-        """The run's policy settings against the directory's, named where they differ."""
-        spec, where = self.spec, f"policy.pretrained_path='{self.lerobot_path}'"
-        problems = []
-        if len(spec.image_keys) != 1:
-            problems.append(f"it reads {len(spec.image_keys)} cameras {list(spec.image_keys)}; the envs give one")
-        if cfg.action_dim != spec.action_dim:
-            problems.append(f"policy.action_dim={cfg.action_dim} but its action has {spec.action_dim} dimensions")
-        if cfg.state_dim != spec.state_dim:
-            problems.append(f"policy.state_dim={cfg.state_dim} but its observation.state has {spec.state_dim}")
-        if cfg.num_action_chunks > spec.chunk_size:
-            problems.append(f"policy.num_action_chunks={cfg.num_action_chunks} is above its chunk_size={spec.chunk_size}")
-        if cfg.max_instruction_tokens > spec.tokenizer_max_length:
-            problems.append(f"policy.max_instruction_tokens={cfg.max_instruction_tokens} is above its "
-                            f"tokenizer_max_length={spec.tokenizer_max_length}")
+        problems = settings_problems(self.spec, cfg)
         if problems:
-            raise LeRobotDirError(f"{where}: " + "; ".join(problems))
+            raise LeRobotDirError(f"policy.pretrained_path='{self.lerobot_path}': " + "; ".join(problems))
+
+    @classmethod
+    def preflight(cls, cfg: PolicyConfig) -> list[str]:
+        """What keeps policy.pretrained_path from loading for this run, in lines, read before any
+        process starts: the directory (type, settings, normaliser statistics, the VLM), its tensors'
+        names and shapes against the network its config describes (built on the meta device), and
+        the run's policy settings against it."""
+        key = f"policy.pretrained_path={cfg.pretrained_path!r}"
+        path = Path(cfg.pretrained_path)
+        path = path / LEROBOT_DIR if (path / POLICY_FILE).is_file() else path
+        try:
+            d = read_policy_dir(path, weights=False)
+            from transformers import AutoConfig
+            with torch.device("meta"):
+                net = SmolVLANet(AutoConfig.from_pretrained(d.vlm_dir), d.spec, 0, 0)
+            check_tensors(net.state_dict(), d.weights, str(path / WEIGHTS))
+        except (LeRobotDirError, OSError, ValueError) as e:
+            return [f"{key}: {e}"]
+        return [f"{key}: {p}" for p in settings_problems(d.spec, cfg)]
 
     # ------------------------------------------------------------------------- properties
     @property

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .checkpoint import LeRobotDirError, SmolVLASpec, ffn_width
+from .checkpoint import LeRobotDirError, SmolVLASpec, check_tensors, ffn_width
 
 ROPE_WAVELENGTH = 10_000.0
 
@@ -262,21 +262,8 @@ class SmolVLANet(nn.Module):
 
     # -------------------------------------------------------------------------------- weights
     def load_weights(self, weights: dict[str, torch.Tensor], where: str) -> None:
-        """Every tensor by its LeRobot name (without "model."); one line naming what is missing,
-        unexpected or of another shape."""
-        own = self.state_dict()
-        missing, unexpected = sorted(own.keys() - weights.keys()), sorted(weights.keys() - own.keys())
-        if missing or unexpected:
-            what = (f"{len(missing)} missing (model.{missing[0]}" + (", ..." if len(missing) > 1 else "") + ")"
-                    if missing else "")
-            what += ("; " if missing and unexpected else "") + (
-                f"{len(unexpected)} unexpected (model.{unexpected[0]}" + (", ..." if len(unexpected) > 1 else "") + ")"
-                if unexpected else "")
-            raise LeRobotDirError(f"{where}: its tensors do not fit SmolVLA as its config.json describes it: {what}")
-        for name, tensor in weights.items():
-            if tuple(tensor.shape) != tuple(own[name].shape):
-                raise LeRobotDirError(f"{where}: tensor model.{name} has shape {list(tensor.shape)}; its config "
-                                      f"gives {list(own[name].shape)}")
+        """Every tensor by its LeRobot name (without "model."), checked first (`check_tensors`)."""
+        check_tensors(self.state_dict(), weights, where)
         with torch.no_grad():
             for name, p in self.state_dict(keep_vars=True).items():
                 p.copy_(weights[name].to(p.dtype))

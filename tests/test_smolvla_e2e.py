@@ -1,0 +1,103 @@
+"""A SmolVLA from a LeRobot directory trained by asynchronous RL on a ZeRO-3 learner of 2 ranks
+(the pixel task), exported, and acting after export as the checkpoint does.
+
+The directory is the LeRobot-written tiny SmolVLA of tests/golden/smolvla/tiny_a, told the pixel
+task's sizes: its action's first 2 of 4 dimensions (the network's tensors are max_action_dim wide
+whatever the action) and no state (a zero state token: LeRobot's own processor would want one,
+asyncvla's policy does not)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from asyncvla.common.policy import load_policy
+from tests.support.paths import PIXEL
+from tests.support.runs import train_pixel_task
+from tests.test_smolvla import copy_case
+
+
+def pixel_task_smolvla(tmp_path):
+    d = copy_case(tmp_path, "tiny_a")
+    config = json.loads((d / "config.json").read_text())
+    config["input_features"].pop("observation.state")
+    config["output_features"]["action"]["shape"] = [2]
+    (d / "config.json").write_text(json.dumps(config))
+    for name in ("policy_preprocessor_step_5_normalizer_processor.safetensors",
+                 "policy_postprocessor_step_0_unnormalizer_processor.safetensors"):
+        stats = load_file(str(d / name))
+        save_file({k: v[:2].contiguous() for k, v in stats.items() if k.startswith("action.")}, str(d / name))
+    return d
+
+
+def test_async_rl_on_two_zero3_ranks_then_export(tmp_path):
+    from asyncvla.learner.export import export_policy, load_checkpoint
+
+    source = pixel_task_smolvla(tmp_path)
+    r = train_pixel_task(tmp_path, "rl", [
+        f"policy.pretrained_path={source}", "policy.max_instruction_tokens=48", "launch.num_learner_ranks=2",
+        "launch.num_local_actors=2", "learner.max_steps=2", "learner.batch_trajectories=8", "actor.num_envs=4",
+        "actor.rollout_length=4", "algorithm.update_epochs=1", "algorithm.num_minibatches=1",
+        "learner.micro_batch_size=16", "learner.zero_stage=3", "eval.eval_interval=0", "checkpoint.save_interval=2"],
+        timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "finished at step 2" in out and "invalid 0" in out, out[-4000:]
+
+    export_policy(tmp_path / "rl", tmp_path / "exported")
+    exported = load_policy(tmp_path / "exported")
+    trained, _, _ = load_checkpoint(tmp_path / "rl")
+    assert type(exported).__name__ == "SmolVLAPolicy" and (tmp_path / "exported" / "lerobot" / "model.safetensors").is_file()
+    image = np.random.default_rng(0).integers(0, 255, (2, 64, 64, 3), dtype=np.uint8)
+    ids, mask = exported.tokenize(["reach the dot"] * 2)
+    a = exported.act(image, ids, mask, None, generator=torch.Generator().manual_seed(1))
+    b = trained.act(image, ids, mask, None, generator=torch.Generator().manual_seed(1))
+    assert np.allclose(a.actions, b.actions, atol=1e-5) and np.allclose(a.values, b.values, atol=1e-5)
+    # RL moved the expert: the exported tensors are not the directory's any more
+    before, after = load_file(str(source / "model.safetensors")), load_file(str(tmp_path / "exported" / "lerobot" / "model.safetensors"))
+    assert not torch.equal(before["model.action_out_proj.weight"], after["model.action_out_proj.weight"])
+    assert torch.equal(before["model.vlm_with_expert.vlm.model.text_model.layers.0.mlp.up_proj.weight"].float(),
+                       after["model.vlm_with_expert.vlm.model.text_model.layers.0.mlp.up_proj.weight"].float())
+
+
+def test_a_directory_that_does_not_fit_stops_the_run_in_one_line_before_any_process_starts(tmp_path):
+    """Wrong type, a missing tensor, an action size other than the env's, missing normaliser
+    statistics: each one line naming the key, the tensor or the file (launch/preflight.py); the
+    launcher exits 2 with it."""
+    import subprocess
+    import sys
+
+    from asyncvla.common.config import load_config
+    from asyncvla.launch import preflight
+
+    def problems(d):
+        return preflight.problems(load_config(str(PIXEL), [f"policy.pretrained_path={d}",
+                                                           "policy.max_instruction_tokens=48"]), ports=False)
+
+    assert problems(pixel_task_smolvla(tmp_path / "ok")) == []
+    broken = {}
+    d = broken["type"] = pixel_task_smolvla(tmp_path / "type")
+    (d / "config.json").write_text((d / "config.json").read_text().replace('"smolvla"', '"pi0"'))
+    d = broken["tensor"] = pixel_task_smolvla(tmp_path / "tensor")
+    weights = load_file(str(d / "model.safetensors"))
+    save_file({k: v for k, v in weights.items() if k != "model.action_out_proj.bias"}, str(d / "model.safetensors"))
+    d = broken["action"] = pixel_task_smolvla(tmp_path / "action")
+    config = json.loads((d / "config.json").read_text())
+    config["output_features"]["action"]["shape"] = [3]
+    (d / "config.json").write_text(json.dumps(config))
+    d = broken["stats"] = pixel_task_smolvla(tmp_path / "stats")
+    (d / "policy_postprocessor_step_0_unnormalizer_processor.safetensors").unlink()
+    words = {"type": ["'pi0'", "smolvla"], "tensor": ["model.action_out_proj.bias", "missing"],
+             "action": ["policy.action_dim=2", "3 dimensions"],
+             "stats": ["policy_postprocessor_step_0_unnormalizer_processor.safetensors"]}
+    for case, d in broken.items():
+        found = problems(d)
+        assert len(found) == 1 and found[0].startswith("policy.pretrained_path=") and "\n" not in found[0], found
+        assert all(w in found[0] for w in words[case]), (case, found)
+
+    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "train", str(PIXEL),
+                        f"policy.pretrained_path={broken['type']}", f"logging.output_dir={tmp_path}"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "'pi0'" in r.stderr, r.stderr
