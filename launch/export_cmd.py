@@ -11,6 +11,10 @@ DeepSpeed's zero_to_fp32 and DIR is written with VLAPolicy.save_pretrained, so i
     DIR/policy.json          action-token spec, prompt layout, image spec, policy settings
     DIR/config.yaml          the run's resolved config;  DIR/export.json: source, step, weights
     DIR/policy_state_dict.pt with --state-dict: {"policy": policy.json, "state_dict": tensors}
+
+With --format lerobot a SmolVLA policy (policy.pretrained_path a LeRobot directory) is written as
+LeRobot writes it instead: config.json, model.safetensors, the processor files, and DIR/vlm (the
+VLM's config and tokenizer, named by absolute path), which LeRobot's SmolVLAPolicy loads.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ def add_parser(sub) -> None:
                    help="the learner's weights (default) or the published EMA weights the actors ran")
     p.add_argument("--state-dict", action="store_true",
                    help="also write policy_state_dict.pt, one torch file for deployment scripts")
+    p.add_argument("--format", choices=["asyncvla", "lerobot"], default="asyncvla",
+                   help="lerobot: a SmolVLA policy as LeRobot's SmolVLAPolicy.from_pretrained loads it (its "
+                        "processors and VLM beside it), for a policy loaded from a LeRobot directory")
     p.set_defaults(func=run)
 
 
@@ -41,7 +48,7 @@ def run(args) -> int:
     t0 = time.perf_counter()
     try:
         info = export_policy(args.path, args.out, keep_lora=args.keep_lora, weights=args.weights,
-                             state_dict=args.state_dict)
+                             state_dict=args.state_dict, fmt=args.format)
     except (ConfigError, OSError, ValueError) as e:
         print(f"asyncvla export: {e}", file=sys.stderr)
         return 2

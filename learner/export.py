@@ -126,12 +126,23 @@ def _base_policy(tag_dir: Path, cfg: Config, device, dtype) -> VLAPolicy:
 
 # ------------------------------------------------------------------------------------------ export
 def export_policy(path, out_dir, keep_lora: bool = False, weights: str = "trained",
-                  state_dict: bool = False) -> dict:
-    """Write a standalone policy directory from a checkpoint; returns what was written."""
+                  state_dict: bool = False, fmt: str = "asyncvla") -> dict:
+    """Write a standalone policy directory from a checkpoint; returns what was written. fmt
+    "lerobot": LeRobot's own directory of a policy that has one (a SmolVLA), beside config.yaml."""
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"export directory '{out}' exists and is not empty; give a new or empty one")
     policy, cfg, info = load_checkpoint(path, weights, dtype=torch.float32)   # full precision, any config
+    if fmt == "lerobot":
+        if not hasattr(policy, "export_lerobot"):
+            raise ConfigError(f"--format lerobot: the policy of '{path}' has no LeRobot format (a SmolVLA loaded "
+                              "from a LeRobot directory has); export it as asyncvla's")
+        policy.export_lerobot(out)
+        (out / CONFIG_FILE).write_text(to_yaml(cfg))
+        info.update(lora="none", format="lerobot")
+        (out / EXPORT_INFO).write_text(json.dumps(info, indent=1))
+        info["files"] = {str(f.relative_to(out)): f.stat().st_size for f in sorted(out.rglob("*")) if f.is_file()}
+        return info
     if not keep_lora:
         merge_lora(policy)
     policy.save_pretrained(str(out))

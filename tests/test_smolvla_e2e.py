@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from asyncvla.common.policy import load_policy
+from asyncvla.common.policy.smolvla import SmolVLA
 from tests.support.paths import PIXEL
 from tests.support.runs import train_pixel_task
 from tests.test_smolvla import copy_case
@@ -55,6 +56,18 @@ def test_async_rl_on_two_zero3_ranks_then_export(tmp_path):
     a = exported.act(image, ids, mask, None, generator=torch.Generator().manual_seed(1))
     b = trained.act(image, ids, mask, None, generator=torch.Generator().manual_seed(1))
     assert np.allclose(a.actions, b.actions, atol=1e-5) and np.allclose(a.values, b.values, atol=1e-5)
+    # In LeRobot's format (`asyncvla export --format lerobot`): LeRobot's denoising of the trained tensors
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "export", str(tmp_path / "rl"), "--out",
+                        str(tmp_path / "lerobot"), "--format", "lerobot"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    vla = SmolVLA.load(tmp_path / "lerobot")
+    noise = torch.randn((2, 8, 16), generator=torch.Generator().manual_seed(2))
+    lerobot = vla.act_chunk({"observation.images.cam": image}, np.zeros((2, 0), np.float32),
+                            *vla.tokenize(["reach the dot"] * 2), noise)
+    greedy = trained.act(image, ids, mask, None, greedy=True, generator=torch.Generator().manual_seed(2))
+    assert np.allclose(lerobot[:, :greedy.actions.shape[1]], greedy.actions, atol=1e-4)
     # RL moved the expert: the exported tensors are not the directory's any more
     before, after = load_file(str(source / "model.safetensors")), load_file(str(tmp_path / "exported" / "lerobot" / "model.safetensors"))
     assert not torch.equal(before["model.action_out_proj.weight"], after["model.action_out_proj.weight"])

@@ -285,12 +285,32 @@ class SmolVLAPolicy(nn.Module):
         config = dict(self.lerobot_config, **({"vlm_model_name": vlm_model_name} if vlm_model_name else {}))
         (path / CONFIG).write_text(json.dumps(config, indent=4) + "\n")
 
+    def export_lerobot(self, path) -> None:
+        """A directory LeRobot's SmolVLAPolicy.from_pretrained and its processors load: the current
+        tensors, the processor files, and the VLM's config and tokenizer in path/vlm, named by
+        absolute path in config.json and in the tokenizer step (LeRobot looks for vlm_model_name
+        from its working directory, or on the Hub)."""
+        path = Path(path)
+        vlm = (path / VLM_DIR).resolve()
+        self._copy_vlm(vlm)
+        self.save_lerobot(path, vlm_model_name=str(vlm))
+        pre = path / "policy_preprocessor.json"
+        if pre.is_file():
+            pipeline = json.loads(pre.read_text())
+            for step in pipeline.get("steps", []):
+                if step.get("registry_name") == "tokenizer_processor":
+                    step.setdefault("config", {})["tokenizer_name"] = str(vlm)
+            pre.write_text(json.dumps(pipeline, indent=4) + "\n")
+
+    def _copy_vlm(self, to: Path) -> None:
+        to.mkdir(parents=True, exist_ok=True)
+        for name in VLM_FILES:
+            if (self.vlm_dir / name).is_file() and not _same_file(self.vlm_dir / name, to / name):
+                shutil.copy2(self.vlm_dir / name, to / name)
+
     def save_pretrained(self, path) -> None:
         path = Path(path)
-        (path / VLM_DIR).mkdir(parents=True, exist_ok=True)
-        for name in VLM_FILES:
-            if (self.vlm_dir / name).is_file() and not _same_file(self.vlm_dir / name, path / VLM_DIR / name):
-                shutil.copy2(self.vlm_dir / name, path / VLM_DIR / name)
+        self._copy_vlm(path / VLM_DIR)
         self.save_lerobot(path / LEROBOT_DIR, vlm_model_name=os.path.join("..", VLM_DIR))
         save_file({f"value_head.{n}": t.detach().cpu().contiguous() for n, t in self.value_head.state_dict().items()},
                   str(path / HEADS_FILE))
