@@ -10,10 +10,10 @@ is reported in the table and the JSON, the others still run, and the exit status
 default --out, docs/results.md and the README's Results table are regenerated from it last
 (tests/benchmarks/results_page.py). Full mode takes the learning benchmark's time (4 arms x 5
 seeds on the modelled cost profile, each run until it reaches its target, ~2.5 hours: see its docstring;
-`python -m tests.benchmarks.learning --profile plain` runs the plain one) plus ~30 minutes, 12 of
+`python -m tests.benchmarks.learning --profile plain` runs the plain one) plus ~32 minutes, 12 of
 them the fault suite (faults: every attack of the reliability issue on a real run, its table
-printed as it ends); --quick ~55, ~30 of them learning. Benchmarks are not tests: nothing here
-asserts a timing.
+printed as it ends) and 1.5 SmolVLA's act() at its published size (smolvla_act); --quick ~56, ~30
+of them learning. Benchmarks are not tests: nothing here asserts a timing.
 
 Three component benchmarks are not part of the default run (their figures are inputs of the
 ones above, not goals): --only env_throughput,policy_throughput,eval_throughput runs them.
@@ -30,8 +30,8 @@ from pathlib import Path
 
 from tests.benchmarks import report, results_page
 
-DEFAULT = ("async_sync", "weight_publish", "transport", "actor_scaling", "learner_scaling", "learning", "multinode",
-           "faults")
+DEFAULT = ("async_sync", "weight_publish", "transport", "actor_scaling", "learner_scaling", "smolvla_act", "learning",
+           "multinode", "faults")
 EXTRA = ("env_throughput", "policy_throughput", "eval_throughput")
 
 

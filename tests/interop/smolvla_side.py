@@ -13,6 +13,19 @@ OUT_DIR (tests/golden/smolvla) then holds:
     tiny_?/io.npz     inputs, fixed noise, LeRobot's outputs and intermediates of two calls (c1, c2)
     tiny_?/io.json    what the keys of io.npz are, the configuration, the library versions.
 
+A second command counts the parameters of SmolVLA at its published shape (lerobot/smolvla_base):
+
+    HF_HUB_OFFLINE=1 .venv-interop/bin/python tests/interop/smolvla_side.py count OUT.json
+
+LeRobot's SmolVLAPolicy built on the meta device (no storage, no weights) from the two config.json
+files common/policy/smolvla/released.py writes out (SmolVLM2-500M-Video-Instruct's and
+smolvla_base's, read from that file, nothing else of ours). `vlm_model_name` is a temporary
+directory holding that VLM config.json and the processor and tokenizer files of the tiny VLM in
+tests/golden/smolvla/vlm (LeRobot reads only the image special tokens' ids from its tokenizer,
+which the count does not depend on). OUT.json (tests/golden/smolvla/smolvla_base_params.json) holds
+the count, in all and by part, a digest of every parameter's name and shape, the configs and the
+library versions.
+
 The VLM path inside the policy files (config.json `vlm_model_name` and the tokenizer step's
 `tokenizer_name` in policy_preprocessor.json) is the relative path "./vlm": it resolves with OUT_DIR
 as the working directory (this script reloads the policy that way, and every golden output is
@@ -470,7 +483,87 @@ def generate(out_root: Path) -> None:
               f"{np.abs(arrays['c1.actions'] - arrays['fp32.c1.actions']).max():.3g}")
 
 
+RELEASED = Path(__file__).resolve().parents[2] / "common" / "policy" / "smolvla" / "released.py"
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "special_tokens_map.json", "tokenizer.json",
+                   "tokenizer_config.json", "video_preprocessor_config.json")
+
+
+def released_configs() -> tuple[dict, dict]:
+    """(the VLM's config.json, smolvla_base's config.json) as released.py writes them (a file of
+    data: it imports nothing when loaded)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("smolvla_released", RELEASED)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return copy.deepcopy(module.SMOLVLM2_500M_VIDEO_INSTRUCT), copy.deepcopy(module.SMOLVLA_BASE)
+
+
+def count(out: Path) -> None:
+    """LeRobot's SmolVLAPolicy at smolvla_base's shape on the meta device: its parameter count."""
+    import dataclasses
+    import hashlib
+    import tempfile
+
+    import lerobot
+    import transformers
+    from lerobot.configs.types import FeatureType, NormalizationMode, PolicyFeature
+    from lerobot.policies.smolvla.configuration_smolvla import SmolVLAConfig
+    from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+
+    vlm_json, base = released_configs()
+    fields = {f.name for f in dataclasses.fields(SmolVLAConfig)}
+    unknown = sorted(set(base) - fields - {"type"})
+    assert not unknown, f"smolvla_base keys SmolVLAConfig does not have: {unknown}"
+    features = lambda d: {k: PolicyFeature(type=FeatureType[f["type"]], shape=tuple(f["shape"]))  # noqa: E731
+                          for k, f in d.items()}
+    kwargs = {k: v for k, v in base.items() if k != "type"} | {
+        "input_features": features(base["input_features"]), "output_features": features(base["output_features"]),
+        "normalization_mapping": {k: NormalizationMode(v) for k, v in base["normalization_mapping"].items()},
+        "resize_imgs_with_padding": tuple(base["resize_imgs_with_padding"])}
+    golden_vlm = Path(__file__).resolve().parents[1] / "golden" / "smolvla" / "vlm"
+    with tempfile.TemporaryDirectory() as tmp:
+        vlm_dir = Path(tmp) / "SmolVLM2-500M-Video-Instruct"
+        vlm_dir.mkdir()
+        (vlm_dir / "config.json").write_text(json.dumps(vlm_json, indent=2) + "\n")
+        for name in PROCESSOR_FILES:
+            shutil.copyfile(golden_vlm / name, vlm_dir / name)
+        kwargs |= {"vlm_model_name": str(vlm_dir), "load_vlm_weights": False, "device": "cpu"}
+        with torch.device("meta"):
+            policy = SmolVLAPolicy(SmolVLAConfig(**kwargs))
+    assert all(p.is_meta for p in policy.parameters())
+    vwe = policy.model.vlm_with_expert
+    n = lambda module: sum(p.numel() for p in module.parameters())  # noqa: E731
+    total, vlm, expert = n(policy), n(vwe.vlm), n(vwe.lm_expert)
+    named = sorted((k.removeprefix("model."), list(p.shape)) for k, p in policy.named_parameters())
+    lines = "".join(f"{k} {shape}\n" for k, shape in named)
+    result = {
+        "description": "Parameters of LeRobot's SmolVLAPolicy at lerobot/smolvla_base's shape, built on the meta "
+                       "device (load_vlm_weights=False) from vlm_config and smolvla_config (released.py's). "
+                       "vlm: model.vlm_with_expert.vlm (the VLM cut to num_vlm_layers, its lm_head included), "
+                       "lm_expert: model.vlm_with_expert.lm_expert, projections: the rest (state_proj, "
+                       "action_in_proj, action_out_proj, action_time_mlp_in/out). parameter_names_sha256: sha256 "
+                       "of one line '<name without model.> [shape]' per parameter, sorted by name.",
+        "written_by": "tests/interop/smolvla_side.py count",
+        "parameters": {"total": total, "vlm": vlm, "lm_expert": expert, "projections": total - vlm - expert},
+        "vlm_parts": {name: n(getattr(vwe.vlm.model, name)) for name in ("vision_model", "connector", "text_model")}
+                     | {"lm_head": n(vwe.vlm.lm_head)},
+        "tensors": len(named),
+        "parameter_names_sha256": hashlib.sha256(lines.encode()).hexdigest(),
+        "versions": {"lerobot": lerobot.__version__, "torch": torch.__version__,
+                     "transformers": transformers.__version__, "python": sys.version.split()[0]},
+        "vlm_config": vlm_json,
+        "smolvla_config": base,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"smolvla_base: {total:,} parameters (vlm {vlm:,}, lm_expert {expert:,}, projections "
+          f"{total - vlm - expert:,}); wrote {out}")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) == 3 and sys.argv[1] == "count":
+        count(Path(sys.argv[2]))
+    elif len(sys.argv) == 2:
+        generate(Path(sys.argv[1]))
+    else:
         sys.exit(__doc__)
-    generate(Path(sys.argv[1]))

@@ -247,7 +247,8 @@ class SmolVLANet(nn.Module):
         allowed = torch.cat([prefix_pad[:, None, :].expand(b, s, -1), own], dim=2)
         positions = prefix_pad.sum(-1, keepdim=True) + torch.cumsum(suffix_pad, 1) - 1
         out = self.vlm_with_expert.suffix(embeds, cache, allowed, positions)
-        return self.action_out_proj(out[:, -self.spec.chunk_size:].float())
+        out = out[:, -self.spec.chunk_size:].float()          # (as LeRobot: the projection reads float32)
+        return self.action_out_proj(out.to(self.action_out_proj.weight.dtype))
 
     @torch.no_grad()
     def sample(self, images, image_masks, ids, id_mask, state, noise: torch.Tensor) -> torch.Tensor:
