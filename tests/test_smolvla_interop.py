@@ -1,7 +1,8 @@
-"""SmolVLA checked against LeRobot 0.4.3 live, in its own environment (`make interop-env`): the
-golden fixtures are written again by LeRobot itself (tests/interop/smolvla_side.py), must equal
-the committed ones, and asyncvla's SmolVLA must act on them as LeRobot did. Skipped, in one line
-saying how to enable it, where that environment is absent."""
+"""SmolVLA checked against LeRobot 0.4.3 live, in its own environment (`make interop-env`), both
+ways: the golden fixtures are written again by LeRobot itself (tests/interop/smolvla_side.py), must
+equal the committed ones, and asyncvla's SmolVLA must act on them as LeRobot did; and LeRobot must
+act with a SmolVLA asyncvla exported in its format as asyncvla does. Skipped, in one line saying
+how to enable it, where that environment is absent."""
 
 from __future__ import annotations
 
@@ -49,3 +50,42 @@ def test_lerobot_writes_the_committed_fixtures_again_and_asyncvla_acts_as_it_doe
             err = np.abs(actions - z[f"fp32.{call}.actions"]).max()
             print(f"{case} {call}: max |asyncvla - LeRobot| = {err:.3g} over {actions.size} action entries")
             assert err <= 1e-4
+
+
+def test_lerobot_acts_with_asyncvlas_export_as_asyncvla_does(tmp_path):
+    """The other way: a SmolVLA whose expert moved (as RL moves it) exported in LeRobot's format
+    (`asyncvla export --format lerobot` writes it with the same export_lerobot), loaded by LeRobot's
+    SmolVLAPolicy and processors, acts on the fixture inputs as asyncvla does."""
+    import torch
+
+    from asyncvla.common.config import PolicyConfig
+    from asyncvla.common.policy.smolvla.kind import SmolVLAPolicy
+    from tests.test_smolvla import copy_case
+
+    case = "tiny_a"                  # (a policy kind reads one camera, as the envs give one: not tiny_b)
+    source = copy_case(tmp_path / "src", case)
+    policy = SmolVLAPolicy.from_lerobot(source, PolicyConfig(image_size=64, action_dim=4, state_dim=9,
+                                                             num_action_chunks=4, max_instruction_tokens=16))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.net.named_parameters():
+            if "lm_expert" in name or "action_" in name:
+                p.add_(0.01 * torch.randn_like(p))
+    out = tmp_path / case
+    policy.export_lerobot(out)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([str(LEROBOT_PYTHON), str(SIDE), "act", str(out), str(GOLDEN / case / "io.npz"),
+                        str(tmp_path / f"{case}.npz")], capture_output=True, text=True, timeout=900,
+                       env={**env, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    theirs, z, vla = np.load(tmp_path / f"{case}.npz"), np.load(GOLDEN / case / "io.npz"), SmolVLA.load(out)
+    for call in ("c1", "c2"):
+        frames = {k[len(call) + 4:]: z[k].astype(np.float32) / np.float32(255)
+                  for k in z if k.startswith(f"{call}.in.observation.images")}
+        ours = vla.act_chunk(frames, z[f"{call}.in.observation.state"], *vla.tokenize(list(z[f"{call}.in.task"])),
+                             z[f"{call}.noise"])
+        err = np.abs(ours - theirs[f"{call}.actions"]).max()
+        moved = np.abs(ours - z[f"fp32.{call}.actions"]).max()
+        print(f"export {case} {call}: max |asyncvla - LeRobot| = {err:.3g} (the moved expert changed the "
+              f"actions by up to {moved:.3g})")
+        assert err <= 1e-4 and moved > 1e-3

@@ -560,9 +560,42 @@ def count(out: Path) -> None:
           f"{total - vlm - expert:,}); wrote {out}")
 
 
+def act(policy_dir: Path, io: Path, out: Path) -> None:
+    """LeRobot acting with a policy directory another program wrote (asyncvla's export in LeRobot's
+    format): post(policy.predict_action_chunk(pre(obs), noise)) on the inputs and noise of io.npz's
+    calls c1 and c2 (a golden fixture's), in float32 with raster patch positions as the float32
+    references are made; the actions of each call into out.npz."""
+    from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+    from lerobot.processor import PolicyProcessorPipeline
+    from lerobot.processor.converters import (batch_to_transition, policy_action_to_transition,
+                                              transition_to_batch, transition_to_policy_action)
+
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    pre = PolicyProcessorPipeline.from_pretrained(str(policy_dir), config_filename="policy_preprocessor.json",
+                                                  to_transition=batch_to_transition, to_output=transition_to_batch)
+    post = PolicyProcessorPipeline.from_pretrained(str(policy_dir), config_filename="policy_postprocessor.json",
+                                                   to_transition=policy_action_to_transition,
+                                                   to_output=transition_to_policy_action)
+    policy = SmolVLAPolicy.from_pretrained(str(policy_dir))
+    assert all(p.dtype == torch.float32 for p in policy.parameters())
+    z, result = np.load(io), {}
+    for call in ("c1", "c2"):
+        obs = {k[len(call) + 4:]: torch.from_numpy(z[k].astype(np.float32) / np.float32(255))
+               for k in z.files if k.startswith(f"{call}.in.observation.images")}
+        obs["observation.state"] = torch.from_numpy(z[f"{call}.in.observation.state"])
+        obs["task"] = [str(t) for t in z[f"{call}.in.task"]]
+        with raster_patch_positions():
+            actions = post(policy.predict_action_chunk(pre(obs), noise=torch.from_numpy(z[f"{call}.noise"])))
+        result[f"{call}.actions"] = f32(actions)
+    np.savez(out, **result)
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "count":
         count(Path(sys.argv[2]))
+    elif len(sys.argv) == 5 and sys.argv[1] == "act":
+        act(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]))
     elif len(sys.argv) == 2:
         generate(Path(sys.argv[1]))
     else:

@@ -272,9 +272,9 @@ class SmolVLAPolicy(nn.Module):
                 p.copy_(value.to(device=p.device, dtype=p.dtype))
 
     # ------------------------------------------------------------------------- save / load
-    def save_lerobot(self, path, vlm_model_name: str | None = None) -> None:
+    def save_lerobot(self, path, **config_changes) -> None:
         """A LeRobot SmolVLA directory with this policy's tensors: the source directory's config
-        (vlm_model_name replaced if given) and processor files, and a new model.safetensors."""
+        (with `config_changes`) and processor files, and a new model.safetensors."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         for f in self.lerobot_path.iterdir():
@@ -282,18 +282,20 @@ class SmolVLAPolicy(nn.Module):
                 shutil.copy2(f, path / f.name)
         weights = {f"model.{n}": t.detach().cpu().contiguous() for n, t in self.net.state_dict().items()}
         save_file(weights, str(path / WEIGHTS))
-        config = dict(self.lerobot_config, **({"vlm_model_name": vlm_model_name} if vlm_model_name else {}))
+        config = dict(self.lerobot_config, **config_changes)
         (path / CONFIG).write_text(json.dumps(config, indent=4) + "\n")
 
     def export_lerobot(self, path) -> None:
         """A directory LeRobot's SmolVLAPolicy.from_pretrained and its processors load: the current
         tensors, the processor files, and the VLM's config and tokenizer in path/vlm, named by
         absolute path in config.json and in the tokenizer step (LeRobot looks for vlm_model_name
-        from its working directory, or on the Hub)."""
+        from its working directory, or on the Hub). load_vlm_weights is false: model.safetensors
+        holds the VLM's tensors too, so LeRobot builds the VLM from its config and loads them all
+        from there (path/vlm holds no weights)."""
         path = Path(path)
         vlm = (path / VLM_DIR).resolve()
         self._copy_vlm(vlm)
-        self.save_lerobot(path, vlm_model_name=str(vlm))
+        self.save_lerobot(path, vlm_model_name=str(vlm), load_vlm_weights=False)
         pre = path / "policy_preprocessor.json"
         if pre.is_file():
             pipeline = json.loads(pre.read_text())
