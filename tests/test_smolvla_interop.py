@@ -15,6 +15,7 @@ import pytest
 
 from asyncvla.common.policy.smolvla import SmolVLA
 from tests.support.paths import REPO
+from tests.test_smolvla import frames_of
 
 INTEROP = REPO / ".venv-interop"
 LEROBOT_PYTHON = Path(os.environ.get("ASYNCVLA_LEROBOT_PYTHON", INTEROP / "bin" / "python"))
@@ -43,9 +44,7 @@ def test_lerobot_writes_the_committed_fixtures_again_and_asyncvla_acts_as_it_doe
     for case in ("tiny_a", "tiny_b"):
         vla, z = SmolVLA.load(f"{case}/policy"), np.load(f"{case}/io.npz")
         for call in ("c1", "c2"):
-            frames = {k[len(call) + 4:]: z[k].astype(np.float32) / np.float32(255)
-                      for k in z if k.startswith(f"{call}.in.observation.images")}
-            actions = vla.act_chunk(frames, z[f"{call}.in.observation.state"], *vla.tokenize(list(z[f"{call}.in.task"])),
+            actions = vla.act_chunk(frames_of(z, call), z[f"{call}.in.observation.state"], *vla.tokenize(list(z[f"{call}.in.task"])),
                                     z[f"{call}.noise"])
             err = np.abs(actions - z[f"fp32.{call}.actions"]).max()
             print(f"{case} {call}: max |asyncvla - LeRobot| = {err:.3g} over {actions.size} action entries")
@@ -80,9 +79,7 @@ def test_lerobot_acts_with_asyncvlas_export_as_asyncvla_does(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     theirs, z, vla = np.load(tmp_path / f"{case}.npz"), np.load(GOLDEN / case / "io.npz"), SmolVLA.load(out)
     for call in ("c1", "c2"):
-        frames = {k[len(call) + 4:]: z[k].astype(np.float32) / np.float32(255)
-                  for k in z if k.startswith(f"{call}.in.observation.images")}
-        ours = vla.act_chunk(frames, z[f"{call}.in.observation.state"], *vla.tokenize(list(z[f"{call}.in.task"])),
+        ours = vla.act_chunk(frames_of(z, call), z[f"{call}.in.observation.state"], *vla.tokenize(list(z[f"{call}.in.task"])),
                              z[f"{call}.noise"])
         err = np.abs(ours - theirs[f"{call}.actions"]).max()
         moved = np.abs(ours - z[f"fp32.{call}.actions"]).max()

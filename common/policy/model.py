@@ -318,18 +318,7 @@ class VLAPolicy(nn.Module):
 
     def load_trainable_state_dict(self, state: dict) -> None:
         """Copy tensors (torch or numpy, any float dtype) from `trainable_state_dict()` of another copy."""
-        own = {n: p for n, p in self.named_parameters() if self._is_trainable(n)}
-        missing, unexpected = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
-        if missing or unexpected:
-            raise KeyError(f"trainable state dict does not match this policy: {len(missing)} missing "
-                           f"(e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]})")
-        with torch.no_grad():
-            for name, p in own.items():
-                value = torch.as_tensor(state[name])
-                if tuple(value.shape) != tuple(p.shape):
-                    raise ValueError(f"trainable tensor '{name}': expected shape {tuple(p.shape)}, "
-                                     f"got {tuple(value.shape)}")
-                p.copy_(value.to(device=p.device, dtype=p.dtype))
+        load_trainable(self, state)
 
     # ------------------------------------------------------------------------- save / load
     def save_pretrained(self, path: str) -> None:
@@ -466,6 +455,23 @@ class VLAPolicy(nn.Module):
 
 
 # ------------------------------------------------------------------------------- helpers
+def load_trainable(policy: nn.Module, state: dict) -> None:
+    """Copy `state` (torch or numpy, any float dtype) into the policy's trainable parameters (its
+    `_is_trainable` names), checking that the names and shapes are exactly those."""
+    own = {n: p for n, p in policy.named_parameters() if policy._is_trainable(n)}
+    missing, unexpected = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
+    if missing or unexpected:
+        raise KeyError(f"trainable state dict does not match this policy: {len(missing)} missing "
+                       f"(e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]})")
+    with torch.no_grad():
+        for name, p in own.items():
+            value = torch.as_tensor(state[name])
+            if tuple(value.shape) != tuple(p.shape):
+                raise ValueError(f"trainable tensor '{name}': expected shape {tuple(p.shape)}, "
+                                 f"got {tuple(value.shape)}")
+            p.copy_(value.to(device=p.device, dtype=p.dtype))
+
+
 def lora_targets(cfg: PolicyConfig, vlm) -> str:
     """policy.lora_target_modules, `auto` being the backbone family's."""
     return family_of(vlm.config).lora_targets if cfg.lora_target_modules == "auto" else cfg.lora_target_modules

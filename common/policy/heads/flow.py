@@ -19,6 +19,14 @@ from ..flow_expert import FlowExpert
 from ..flow_sampling import FlowSampling, chain_logprob, sample_chain
 
 
+def check_chain(arrays) -> str | None:
+    """What is wrong with a received chain's replay: a chunk without a Gaussian step has no log-prob."""
+    s = arrays["flow_stochastic"]
+    if s.size and not s.any(-1).all():
+        return "'flow_stochastic' has a chunk with no Gaussian step: its log-prob cannot be recomputed"
+    return None
+
+
 @register
 class FlowHead(ActionHead):
     name = "flow"
@@ -43,10 +51,7 @@ class FlowHead(ActionHead):
                 "flow_stochastic": Field("uint8", (n,), "step")}
 
     def check_replay(self, arrays):
-        s = arrays["flow_stochastic"]
-        if s.size and not s.any(-1).all():
-            return "'flow_stochastic' has a chunk with no Gaussian step: its log-prob cannot be recomputed"
-        return None
+        return check_chain(arrays)
 
     def act(self, policy, prompt, temperature, greedy, generator) -> Acted:
         kv, values, _ = self._prefix(policy, prompt)

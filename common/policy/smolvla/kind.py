@@ -38,8 +38,9 @@ from ..action_tokenizer import ActionTokenizer
 from ..flow import flow_matching_loss, interpolate, sample_time
 from ..flow_sampling import FlowSampling, chain_logprob, sample_chain
 from ..heads import ActionHead, SFTLoss
+from ..heads.flow import check_chain
 from ..logprobs import reduce_logprobs
-from ..model import ActOutput, EvalOutput, _numpy, _policy_config_from_dict, resolve_dtype
+from ..model import ActOutput, EvalOutput, _numpy, _policy_config_from_dict, load_trainable, resolve_dtype
 from ..value_head import ValueHead
 from .checkpoint import ACTION_KEY, CONFIG, WEIGHTS, LeRobotDirError, check_tensors, normalize, read_policy_dir
 from .network import SmolVLANet
@@ -87,10 +88,7 @@ class SmolVLAChain(ActionHead):
                 "flow_stochastic": Field("uint8", (n,), "step")}
 
     def check_replay(self, arrays):
-        s = arrays["flow_stochastic"]
-        if s.size and not s.any(-1).all():
-            return "'flow_stochastic' has a chunk with no Gaussian step: its log-prob cannot be recomputed"
-        return None
+        return check_chain(arrays)
 
     def freezes_backbone(self) -> bool:
         return True
@@ -258,18 +256,7 @@ class SmolVLAPolicy(nn.Module):
         return {n: p.detach().clone() for n, p in self.named_parameters() if self._is_trainable(n)}
 
     def load_trainable_state_dict(self, state: dict) -> None:
-        own = {n: p for n, p in self.named_parameters() if self._is_trainable(n)}
-        missing, unexpected = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
-        if missing or unexpected:
-            raise KeyError(f"trainable state dict does not match this policy: {len(missing)} missing "
-                           f"(e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]})")
-        with torch.no_grad():
-            for name, p in own.items():
-                value = torch.as_tensor(state[name])
-                if tuple(value.shape) != tuple(p.shape):
-                    raise ValueError(f"trainable tensor '{name}': expected shape {tuple(p.shape)}, "
-                                     f"got {tuple(value.shape)}")
-                p.copy_(value.to(device=p.device, dtype=p.dtype))
+        load_trainable(self, state)
 
     # ------------------------------------------------------------------------- save / load
     def save_lerobot(self, path, **config_changes) -> None:
