@@ -10,6 +10,9 @@ The path users take, as one command. Every stage keeps its result in the run dir
                                                                           once it ended by its budget
     4. RUN/summary.json  success after SFT and after RL on the same fixed initial states, sampled
                          as the actors sample, with 95% Wilson intervals
+When policy.pretrained_path holds a policy trained elsewhere (a LeRobot SmolVLA directory), there
+are no demonstrations and no SFT: RL starts from it, and the summary sets the loaded policy (the
+run's policy_init/) against RL's.
 Each stage runs in its own processes; extra flags (--sync, --num-actors) go to `asyncvla train`.
 
 Stopping: each stage runs in a session of its own, and Ctrl-C (or SIGTERM) to the pipeline is
@@ -67,6 +70,10 @@ def run(args) -> int:
     run_dir = run_dir_of_config(cfg)
     demos, policy = run_dir / "demos", run_dir / "sft" / "policy"
     cli = [sys.executable, "-m", "asyncvla.launch.cli"]
+    from asyncvla.common.policy import starts_trained
+    if starts_trained(cfg.policy.pretrained_path):
+        _say(f"1-2/3 demonstrations and SFT: none, the policy is trained ({cfg.policy.pretrained_path})")
+        return _rl_and_summary(args, cfg, overrides, run_dir, cli, [*overrides])
 
     if (demos / "trajectory.h5").exists():
         _say(f"1/3 demonstrations: cached in {demos}")
@@ -80,7 +87,11 @@ def run(args) -> int:
         _say(f"2/3 SFT: {cfg.sft.steps} steps on {demos}")
         if (code := _stage("SFT", cli + ["sft", args.config, *overrides, f"sft.data={demos}"])):
             return code
-    rl = [*overrides, f"policy.pretrained_path={policy}"]
+    return _rl_and_summary(args, cfg, overrides, run_dir, cli, [*overrides, f"policy.pretrained_path={policy}"])
+
+
+def _rl_and_summary(args, cfg, overrides, run_dir: Path, cli: list[str], rl: list[str]) -> int:
+    """Stages 3 and 4: RL with the overrides `rl` (resumed, or skipped once finished), then the summary."""
     done, finished = _rl_step(run_dir), run_dir / RL_FINISHED
     if finished.exists() and (run_dir / SUMMARY).exists():
         _say(f"3/3 RL: done ({done} updates in {run_dir / 'checkpoints'})")
@@ -101,36 +112,50 @@ def run(args) -> int:
 
 
 def final_summary(cfg, run_dir: Path) -> dict:
-    """Success after SFT (its last evaluation) and after RL (the published weights of the last
-    checkpoint, what the actors ran), on the same fixed initial states, sampled as actors sample."""
+    """Success before RL (SFT's last evaluation, or the loaded policy's: RUN/policy_init) and after RL
+    (the published weights of the last checkpoint, what the actors ran), on the same fixed initial
+    states, sampled as actors sample."""
     from asyncvla.actors.evaluate import evaluate_policy, one_torch_thread
+    from asyncvla.common.policy import load_policy
     from asyncvla.learner.export import load_checkpoint
 
-    sft = json.loads((run_dir / "sft" / "summary.json").read_text())
-    last = sft["history"][-1]
+    ran_sft = (run_dir / "sft" / "summary.json").exists()
+    episodes = cfg.sft.eval_episodes if ran_sft else cfg.eval.num_episodes  # (SFT's own were that many)
+
+    def evaluate(policy, env_cfg):
+        with one_torch_thread():            # (as SFT's evaluations: actors/evaluate.py)
+            return evaluate_policy(policy, env_cfg, policy.cfg, episodes, greedy=False,
+                                   seed=cfg.env.seed, num_envs=cfg.eval.num_envs)
+
     policy, rl_cfg, source = load_checkpoint(run_dir, weights="ema")
-    with one_torch_thread():                # (as SFT's evaluations: actors/evaluate.py)
-        rl = evaluate_policy(policy, rl_cfg.env, policy.cfg, cfg.sft.eval_episodes, greedy=False,
-                             seed=cfg.env.seed, num_envs=cfg.eval.num_envs)
+    rl = evaluate(policy, rl_cfg.env)
+    if ran_sft:
+        sft = json.loads((run_dir / "sft" / "summary.json").read_text())
+        last = sft["history"][-1]
+        before = {"sft": {"steps": sft["steps"], "success_rate": last["success_rate"],
+                          "ci95": [last["success_ci_low"], last["success_ci_high"]]}}
+    else:
+        loaded = evaluate(load_policy(run_dir / "policy_init"), rl_cfg.env)
+        before = {"loaded": {"path": cfg.policy.pretrained_path, "success_rate": loaded["success_rate"],
+                             "ci95": loaded["success_ci95"]}}
     summary = {
-        "env_id": cfg.env.id, "episodes": cfg.sft.eval_episodes, "sampled": True,
-        "sft": {"steps": sft["steps"], "success_rate": last["success_rate"],
-                "ci95": [last["success_ci_low"], last["success_ci_high"]]},
+        "env_id": cfg.env.id, "episodes": episodes, "sampled": True, **before,
         "rl": {"updates": source["step"], "success_rate": rl["success_rate"], "ci95": rl["success_ci95"]},
-        "tensorboard": [str(run_dir / "sft" / "tb"), str(run_dir / "tb")],
+        "tensorboard": [str(run_dir / "sft" / "tb")] * ("sft" in before) + [str(run_dir / "tb")],
         "videos": _latest_videos(run_dir)}
     (run_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
     return summary
 
 
 def format_final(s: dict) -> str:
-    def line(name, r, what):
+    def line(label, r):
         lo, hi = r["ci95"]
-        return f"  after {name:4s}({what}): {100 * r['success_rate']:5.1f}%  95% CI [{100 * lo:.1f}, {100 * hi:.1f}]"
+        return f"  {label:26s} {100 * r['success_rate']:5.1f}%  95% CI [{100 * lo:.1f}, {100 * hi:.1f}]"
+    before = (line(f"after SFT ({s['sft']['steps']} steps):", s["sft"]) if "sft" in s
+              else line("as loaded:", s["loaded"]))
     return "\n".join([
         f"asyncvla pipeline: {s['env_id']}, {s['episodes']} fixed episodes, actions sampled as actors sample",
-        line("SFT", s["sft"], f"{s['sft']['steps']} steps"),
-        line("RL", s["rl"], f"{s['rl']['updates']} updates"),
+        before, line(f"after RL ({s['rl']['updates']} updates):", s["rl"]),
         f"  {tensorboard_command(s['tensorboard'])}"]
         + ([f"  videos of the evaluator's last evaluation: {s['videos']}"] if s.get("videos") else []))
 

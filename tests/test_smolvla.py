@@ -150,3 +150,14 @@ def test_a_directory_that_cannot_be_loaded_is_named_in_one_line(tmp_path):
     assert "chunk_size=0" in one_line_error(d)
     edit_config(d, chunk_size=8, output_features={"action": {"type": "ACTION", "shape": [40]}})
     assert "max_action_dim=16" in one_line_error(d)
+
+
+def test_statistics_of_another_size_than_their_feature_are_named(tmp_path):
+    """A 25-D state in config.json with the 9-D state's statistics (a config edited, its processor
+    files not): refused when read, naming the statistic, not failing in the first act()."""
+    d = copy_case(tmp_path, "tiny_a")
+    features = json.loads((d / "config.json").read_text())["input_features"]
+    features["observation.state"]["shape"] = [12]
+    edit_config(d, input_features=features)
+    message = one_line_error(d)
+    assert "observation.state.mean has 9 values" in message and "12 dimensions" in message, message

@@ -65,6 +65,12 @@ def preflight(cfg) -> list[str]:
     return KINDS[kind].preflight(cfg)
 
 
+def starts_trained(path) -> bool:
+    """Whether policy.pretrained_path holds a policy that already acts, trained elsewhere (a LeRobot
+    directory), so that `asyncvla pipeline` runs no demonstrations and no SFT before RL."""
+    return KINDS[kind_of(path)].STARTS_TRAINED
+
+
 def build_policy(cfg, device="cpu", dtype: torch.dtype | None = None):
     """The policy the run's policy settings describe (policy.pretrained_path picks the kind)."""
     return KINDS[kind_of(cfg.pretrained_path)].build(cfg, device=device, dtype=dtype)

@@ -78,6 +78,8 @@ def resolve_dtype(precision: str, device) -> torch.dtype:
 
 
 class VLAPolicy(nn.Module):
+    STARTS_TRAINED = False      # its heads are new: `asyncvla pipeline` runs demonstrations and SFT first
+
     def __init__(self, backbone: nn.Module, tokenizer, image_spec: ImageSpec, cfg: PolicyConfig):
         super().__init__()
         self.backbone = backbone  # the VLM, wrapped by peft when LoRA is on

@@ -263,6 +263,10 @@ def _stats(path: Path, spec: SmolVLASpec, raw: dict) -> dict[str, dict[str, torc
             if not torch.isfinite(found[feature][stat]).all():
                 raise LeRobotDirError(f"{path}: normaliser statistic {feature}.{stat} holds NaN or inf "
                                       "(a checkpoint saved without dataset statistics)")
+            size = {ACTION_KEY: spec.action_dim, STATE_KEY: spec.state_dim}.get(feature)
+            if size is not None and found[feature][stat].numel() != size:
+                raise LeRobotDirError(f"{path}: normaliser statistic {feature}.{stat} has "
+                                      f"{found[feature][stat].numel()} values; its {feature} has {size} dimensions")
     return found
 
 

@@ -95,6 +95,8 @@ class SmolVLAChain(ActionHead):
 
 
 class SmolVLAPolicy(nn.Module):
+    STARTS_TRAINED = True       # a trained VLA: `asyncvla pipeline` goes straight to RL
+
     def __init__(self, vla: SmolVLA, cfg: PolicyConfig, vlm_dir: Path):
         super().__init__()
         self.cfg, self.spec, self.stats, self.tokenizer, self.vlm_dir = cfg, vla.spec, vla.dir.stats, vla.tokenizer, vlm_dir
