@@ -4,9 +4,12 @@ this package builds and loads policies through `build_policy` and `load_policy`,
     vla       VLAPolicy (model.py): a VLM backbone with asyncvla's own heads, built here (a tiny
               backbone, a Hugging Face VLM directory, or a saved policy continued)
     smolvla   SmolVLAPolicy (smolvla/kind.py): a trained SmolVLA from a LeRobot policy directory
+    pi0       PI0Policy (pi0/kind.py): a LeRobot π0 or π0.5 directory, which loads and acts
+              (pi0.PI0) but is refused for RL (preflight and build say so)
 
 A saved policy's policy.json names its kind ("vla" when it names none: policies saved before
-kinds existed); a LeRobot policy directory is its config.json's "type".
+kinds existed); a LeRobot policy directory is its config.json's "type", whose kind is
+lerobot_dir.LEROBOT_TYPES' (the one list of the LeRobot types asyncvla loads).
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ import os
 
 import torch
 
+from .lerobot_dir import LEROBOT_TYPES, SUPPORTED_TYPES, LeRobotDirError
 from .model import VLAPolicy
-from .smolvla.checkpoint import SUPPORTED_TYPES, LeRobotDirError
+from .pi0.kind import PI0Policy
 from .smolvla.kind import SmolVLAPolicy
 
-KINDS = {"vla": VLAPolicy, "smolvla": SmolVLAPolicy}
+KINDS = {"vla": VLAPolicy, "smolvla": SmolVLAPolicy, "pi0": PI0Policy}
 POLICY_FILE = "policy.json"
+assert set(LEROBOT_TYPES.values()) <= set(KINDS), "a LeRobot type maps to a kind that is not registered"
 
 
 def kind_of(path) -> str:
@@ -46,7 +51,7 @@ def kind_of(path) -> str:
             if lerobot_type not in SUPPORTED_TYPES:
                 raise LeRobotDirError(f"{config}: \"type\": {lerobot_type!r} is a LeRobot policy asyncvla cannot "
                                       f"load; supported: {list(SUPPORTED_TYPES)}")
-            return lerobot_type
+            return LEROBOT_TYPES[lerobot_type]
     return "vla"
 
 

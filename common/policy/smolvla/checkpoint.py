@@ -1,16 +1,12 @@
 """A LeRobot SmolVLA policy directory, read without LeRobot: its settings, its tensors by name and
 its normaliser statistics.
 
-A directory as LeRobot 0.4's `SmolVLAPolicy.save_pretrained` (and its processors' save_pretrained)
-writes it:
-    config.json                     "type": "smolvla", the features, chunk size, denoising steps, the
-                                    VLM's name (`vlm_model_name`) and how much of it is used
-    model.safetensors               every tensor, named "model.<module path>"
-    policy_preprocessor.json        the input pipeline; its normaliser step names the .safetensors
-    policy_postprocessor.json       file of its statistics ("state_file"), as does the output
-    *_normalizer_processor.safetensors / *_unnormalizer_processor.safetensors
-Older checkpoints keep the statistics as buffers inside model.safetensors instead
-(normalize_inputs.buffer_observation_state.mean, ...): both are read.
+The directory's layout and what every LeRobot policy directory has in common (config.json,
+model.safetensors by name, the normaliser statistics of the processor files or of older
+checkpoints' buffers, LeRobotDirError) are read by ../lerobot_dir.py; its names are imported here
+too, so that they import from this module as they always did. SmolVLA's own: config.json's
+"type": "smolvla", the features, chunk size, denoising steps, the VLM's name (`vlm_model_name`)
+and how much of it is used.
 
 The VLM's own config and tokenizer are not in the directory: LeRobot reads them from
 `vlm_model_name` again, a local directory or a Hugging Face Hub id (found here only in the local
@@ -21,24 +17,29 @@ Every problem is one line (LeRobotDirError) naming the file, the key or the tens
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
-CONFIG, WEIGHTS = "config.json", "model.safetensors"
-PREPROCESSOR, POSTPROCESSOR = "policy_preprocessor.json", "policy_postprocessor.json"
-SUPPORTED_TYPES = ("smolvla",)
-STATE_KEY, ACTION_KEY = "observation.state", "action"
-NORM_MODES = ("IDENTITY", "MEAN_STD", "MIN_MAX", "QUANTILES", "QUANTILE10")
-NORM_EPS = 1e-8        # LeRobot's normaliser adds it to std (and puts it for a zero range)
+from ..lerobot_dir import (ACTION_KEY, CONFIG, NORM_EPS, NORM_MODES, POSTPROCESSOR, PREPROCESSOR,
+                           STATE_KEY, SUPPORTED_TYPES, WEIGHTS, LeRobotDirError, check_tensors, normalize,
+                           stats_needed, type_error)
+from ..lerobot_dir import buffer_stats as _buffer_stats
+from ..lerobot_dir import features as _features
+from ..lerobot_dir import header as _header
+from ..lerobot_dir import int_setting as _int
+from ..lerobot_dir import model_tensors, norm_modes, read_weights
+from ..lerobot_dir import read_json as _json
+from ..lerobot_dir import read_stats as _stats
 
-
-class LeRobotDirError(ValueError):
-    """A LeRobot policy directory asyncvla cannot use, in one line."""
+TYPE = "smolvla"
+# (names that moved to ../lerobot_dir.py, still importable from here)
+__all__ = ["ACTION_KEY", "CONFIG", "NORM_EPS", "NORM_MODES", "POSTPROCESSOR", "PREPROCESSOR", "STATE_KEY",
+           "SUPPORTED_TYPES", "WEIGHTS", "LeRobotDirError", "LeRobotPolicyDir", "SmolVLASpec", "check_tensors",
+           "ffn_width", "normalize", "read_policy_dir", "stats_needed", "_buffer_stats", "_header", "_json",
+           "_stats"]
 
 
 @dataclass(frozen=True)
@@ -72,9 +73,8 @@ class SmolVLASpec:
     @classmethod
     def from_config(cls, config: dict, where: str) -> "SmolVLASpec":
         kind = config.get("type")
-        if kind not in SUPPORTED_TYPES:
-            raise LeRobotDirError(f"{where}: \"type\": {kind!r} is a LeRobot policy asyncvla cannot load; "
-                                  f"supported: {list(SUPPORTED_TYPES)}")
+        if kind != TYPE:
+            raise type_error(where, kind, TYPE)
         for key, unsupported in (("adapt_to_pi_aloha", True), ("use_delta_joint_actions_aloha", True)):
             if config.get(key) == unsupported:
                 raise LeRobotDirError(f"{where}: {key}={unsupported} (Aloha's joint conventions) is not supported")
@@ -88,10 +88,7 @@ class SmolVLASpec:
         state = inputs.get(STATE_KEY)
         if ACTION_KEY not in outputs:
             raise LeRobotDirError(f"{where}: output_features lacks {ACTION_KEY!r}")
-        modes = dict(config.get("normalization_mapping") or {})
-        for ftype, mode in modes.items():
-            if mode not in NORM_MODES:
-                raise LeRobotDirError(f"{where}: normalization_mapping.{ftype}={mode!r}; allowed: {list(NORM_MODES)}")
+        modes = norm_modes(config, where)
         resize = config.get("resize_imgs_with_padding")
         spec = cls(
             image_keys=tuple(k for k, _ in images), image_shapes=tuple(s for _, s in images),
@@ -142,150 +139,13 @@ def read_policy_dir(path, weights: bool = True) -> LeRobotPolicyDir:
         raise LeRobotDirError(f"{path}: not a directory (a LeRobot policy directory holds {CONFIG} and {WEIGHTS})")
     config = _json(path / CONFIG)
     spec = SmolVLASpec.from_config(config, str(path / CONFIG))
-    if not (path / WEIGHTS).is_file():
-        raise LeRobotDirError(f"{path / WEIGHTS}: missing (the policy's tensors)")
-    raw = load_file(str(path / WEIGHTS)) if weights else _header(path / WEIGHTS)
-    tensors = {k.removeprefix("model."): v for k, v in raw.items() if k.startswith("model.")}
+    raw = read_weights(path, weights)
+    tensors = model_tensors(raw)
     stats = _stats(path, spec, raw)
     return LeRobotPolicyDir(path, config, spec, tensors, stats, _vlm_dir(path, spec.vlm_model_name))
 
 
-def check_tensors(own: dict, found: dict, where: str) -> None:
-    """The tensors a network has ({name: tensor}) against a file's (names without "model."): one
-    line naming what is missing, unexpected or of another shape."""
-    missing, unexpected = sorted(own.keys() - found.keys()), sorted(found.keys() - own.keys())
-    if missing or unexpected:
-        parts = [f"{len(names)} {what} (model.{names[0]}{', ...' if len(names) > 1 else ''})"
-                 for what, names in (("missing", missing), ("unexpected", unexpected)) if names]
-        raise LeRobotDirError(f"{where}: its tensors do not fit SmolVLA as its config.json describes it: "
-                              + "; ".join(parts))
-    for name, tensor in found.items():
-        if tuple(tensor.shape) != tuple(own[name].shape):
-            raise LeRobotDirError(f"{where}: tensor model.{name} has shape {list(tensor.shape)}; its config "
-                                  f"gives {list(own[name].shape)}")
-
-
-def _header(path: Path) -> dict[str, torch.Tensor]:
-    """model.safetensors' tensors as meta tensors of their shapes and dtypes (no data read)."""
-    from safetensors import safe_open
-    out = {}
-    with safe_open(str(path), framework="pt") as f:
-        for name in f.keys():
-            piece = f.get_slice(name)
-            out[name] = torch.empty(piece.get_shape(), device="meta")
-    return out
-
-
-def normalize(x: torch.Tensor, stats: dict, mode: str, inverse: bool = False) -> torch.Tensor:
-    """LeRobot's normaliser for one feature: MEAN_STD (x - mean) / (std + eps); MIN_MAX, QUANTILES
-    (q01, q99) and QUANTILE10 (q10, q90) map their range onto [-1, 1] (a zero range counts as eps);
-    IDENTITY leaves x. `inverse` undoes it."""
-    if mode == "IDENTITY":
-        return x
-    s = {k: v.to(x.device, x.dtype) for k, v in stats.items()}
-    if mode == "MEAN_STD":
-        return x * s["std"] + s["mean"] if inverse else (x - s["mean"]) / (s["std"] + NORM_EPS)
-    low, high = {"MIN_MAX": ("min", "max"), "QUANTILES": ("q01", "q99"), "QUANTILE10": ("q10", "q90")}[mode]
-    span = s[high] - s[low]
-    span = torch.where(span == 0, torch.full_like(span, NORM_EPS), span)
-    return (x + 1) / 2 * span + s[low] if inverse else 2 * (x - s[low]) / span - 1
-
-
-def stats_needed(spec: SmolVLASpec) -> dict[str, tuple[str, ...]]:
-    """{feature: the statistics its normalisation reads} for the features asyncvla normalises."""
-    needs = {"MEAN_STD": ("mean", "std"), "MIN_MAX": ("min", "max"), "QUANTILES": ("q01", "q99"),
-             "QUANTILE10": ("q10", "q90"), "IDENTITY": ()}
-    out = {ACTION_KEY: needs[spec.mode("ACTION")]}
-    if spec.state_dim:
-        out[STATE_KEY] = needs[spec.mode("STATE")]
-    for key in spec.image_keys:
-        out[key] = needs[spec.mode("VISUAL")]
-    return {k: v for k, v in out.items() if v}
-
-
 # ------------------------------------------------------------------------------------ helpers
-def _json(path: Path) -> dict:
-    if not path.is_file():
-        raise LeRobotDirError(f"{path}: missing")
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise LeRobotDirError(f"{path}: not readable JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise LeRobotDirError(f"{path}: holds {type(value).__name__}, not an object")
-    return value
-
-
-def _features(config: dict, key: str, where: str) -> dict:
-    features = config.get(key)
-    if not isinstance(features, dict):
-        raise LeRobotDirError(f"{where}: {key} is missing or not an object")
-    for name, f in features.items():
-        if not isinstance(f, dict) or "type" not in f or not isinstance(f.get("shape"), list):
-            raise LeRobotDirError(f"{where}: {key}.{name} needs a type and a shape list")
-    return features
-
-
-def _int(config: dict, key: str, where: str, default: int) -> int:
-    value = config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise LeRobotDirError(f"{where}: {key}={value!r}; allowed: an integer >= 1")
-    return value
-
-
-def _stats(path: Path, spec: SmolVLASpec, raw: dict) -> dict[str, dict[str, torch.Tensor]]:
-    """The normaliser statistics: from the processor files the pipelines' normaliser steps name,
-    else from the buffers older checkpoints keep in model.safetensors."""
-    found: dict[str, dict[str, torch.Tensor]] = {}
-    for pipeline, step_names in ((PREPROCESSOR, ("normalizer_processor",)),
-                                 (POSTPROCESSOR, ("unnormalizer_processor",))):
-        if not (path / pipeline).is_file():
-            continue
-        for step in _json(path / pipeline).get("steps", []):
-            if step.get("registry_name") in step_names and step.get("state_file"):
-                state = path / step["state_file"]
-                if not state.is_file():
-                    raise LeRobotDirError(f"{state}: missing (named as the state_file of {path / pipeline}'s "
-                                          f"{step['registry_name']} step)")
-                for name, tensor in load_file(str(state)).items():
-                    feature, _, stat = name.rpartition(".")
-                    found.setdefault(feature, {})[stat] = tensor.float()
-    if not found:
-        if any(v.is_meta for v in raw.values()):           # (the header only: read the buffers' values)
-            raw = {k: v for k, v in load_file(str(path / WEIGHTS)).items() if not k.startswith("model.")}
-        found = _buffer_stats(raw, spec)
-    for feature, stat_names in stats_needed(spec).items():
-        for stat in stat_names:
-            if stat not in found.get(feature, {}):
-                raise LeRobotDirError(f"{path}: no normaliser statistic {feature}.{stat} (its normalisation "
-                                      f"is {spec.mode('ACTION' if feature == ACTION_KEY else 'STATE')}); looked in "
-                                      f"{PREPROCESSOR} / {POSTPROCESSOR}'s state files and {WEIGHTS}'s buffers")
-            if not torch.isfinite(found[feature][stat]).all():
-                raise LeRobotDirError(f"{path}: normaliser statistic {feature}.{stat} holds NaN or inf "
-                                      "(a checkpoint saved without dataset statistics)")
-            size = {ACTION_KEY: spec.action_dim, STATE_KEY: spec.state_dim}.get(feature)
-            if size is not None and found[feature][stat].numel() != size:
-                raise LeRobotDirError(f"{path}: normaliser statistic {feature}.{stat} has "
-                                      f"{found[feature][stat].numel()} values; its {feature} has {size} dimensions")
-    return found
-
-
-def _buffer_stats(raw: dict, spec: SmolVLASpec) -> dict[str, dict[str, torch.Tensor]]:
-    """Older LeRobot checkpoints: normalize_inputs.buffer_observation_state.mean, ... (a feature's
-    dots written as underscores)."""
-    escaped = {k.replace(".", "_"): k for k in (STATE_KEY, ACTION_KEY, *spec.image_keys)}
-    found: dict[str, dict[str, torch.Tensor]] = {}
-    for name, tensor in raw.items():
-        module, _, rest = name.partition(".")
-        if module not in ("normalize_inputs", "normalize_targets", "unnormalize_outputs"):
-            continue
-        buffer, _, stat = rest.rpartition(".")
-        feature = escaped.get(buffer.removeprefix("buffer_"))
-        if feature is not None:
-            found.setdefault(feature, {})[stat] = tensor.float()
-    return found
-
-
 def _vlm_dir(path: Path, name: str) -> Path:
     """Where vlm_model_name's config and tokenizer are: a directory (relative ones from the policy
     directory), or a Hub id already in the local Hugging Face cache."""
