@@ -37,10 +37,12 @@ from tests.support.ports import run_port_overrides
 
 INTEROP_PY = REPO / ".venv-interop" / "bin" / "python"
 TASKS = {
-    # config, demos, LeRobot training steps and batch, RL overrides
-    "pixel": dict(config="configs/pixel_task.yaml", demos=200, sft_steps=3000, sft_batch=64,
-                  rl=["learner.max_steps=400"]),
-    "pushcube": dict(config="configs/smolvla.yaml", demos=300, sft_steps=3000, sft_batch=64,
+    # config, demos, LeRobot training (tests/interop/smolvla_train.py flags), RL overrides
+    "pixel": dict(config="configs/pixel_task.yaml", demos=200, sft=["--steps", "1500", "--batch-size", "64",
+                                                                     "--vlm-patch-size", "8"],
+                  rl=["learner.max_steps=1200"]),
+    "pushcube": dict(config="configs/smolvla.yaml", demos=300, sft=["--steps", "3000", "--batch-size", "64",
+                                                                    "--vlm-patch-size", "8"],
                      rl=["learner.max_steps=200", "learner.max_time_s=1500"]),
 }
 
@@ -59,8 +61,7 @@ def run(task: str, seeds: list[int], out: Path, episodes: int, save_interval: in
         lerobot_dir = work / f"lerobot_seed{seed}"
         if not (lerobot_dir / "policy" / "model.safetensors").exists():
             _run([str(INTEROP_PY), str(REPO / "tests" / "interop" / "smolvla_train.py"), str(demos), str(lerobot_dir),
-                  "--steps", str(t["sft_steps"]), "--batch-size", str(t["sft_batch"]), "--train-vlm",
-                  "--seed", str(seed)], log=work / f"lerobot_seed{seed}.log")
+                  *t["sft"], "--train-vlm", "--seed", str(seed)], log=work / f"lerobot_seed{seed}.log")
         run_dir = work / f"rl_seed{seed}"
         if not (run_dir / "rl_done.json").exists():
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -158,7 +159,7 @@ def main() -> None:
     ap.add_argument("--task", choices=sorted(TASKS), default="pixel")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--episodes", type=int, default=128)
-    ap.add_argument("--save-interval", type=int, default=50, help="updates between the curve's checkpoints")
+    ap.add_argument("--save-interval", type=int, default=100, help="updates between the curve's checkpoints")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     args = ap.parse_args()
     if not INTEROP_PY.exists():

@@ -114,7 +114,9 @@ def perturb_(params, generator: torch.Generator) -> None:
             p.add_(noise.to(p.dtype))
 
 
-def build_vlm(vlm_dir: Path) -> None:
+def build_vlm(vlm_dir: Path, patch_size: int = 16) -> None:
+    """The tiny SmolVLM of the fixtures (64 px, patches of 16: 4 image tokens after the pixel
+    shuffle); a smaller patch_size gives more image tokens ((64 / patch_size / 2) ** 2)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (PreTrainedTokenizerFast, SmolVLMConfig, SmolVLMForConditionalGeneration,
                               SmolVLMImageProcessor, SmolVLMProcessor, SmolVLMVideoProcessor)
@@ -136,7 +138,7 @@ def build_vlm(vlm_dir: Path) -> None:
 
     config = SmolVLMConfig(
         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                           patch_size=16, image_size=64, num_channels=3),
+                           patch_size=patch_size, image_size=64, num_channels=3),
         text_config=dict(model_type="llama", vocab_size=len(vocab), hidden_size=64, intermediate_size=64,
                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                          rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=512,
@@ -153,7 +155,7 @@ def build_vlm(vlm_dir: Path) -> None:
     video_processor = SmolVLMVideoProcessor(size={"longest_edge": 64}, max_image_size={"longest_edge": 64},
                                             do_image_splitting=False)
     processor = SmolVLMProcessor(image_processor=image_processor, tokenizer=tokenizer,
-                                 video_processor=video_processor, image_seq_len=4)
+                                 video_processor=video_processor, image_seq_len=(64 // patch_size // 2) ** 2)
     processor.save_pretrained(vlm_dir)
 
 

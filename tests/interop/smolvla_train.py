@@ -51,6 +51,9 @@ def main() -> None:
     ap.add_argument("--num-steps", type=int, default=4, help="denoising steps (SmolVLA's num_steps)")
     ap.add_argument("--num-vlm-layers", type=int, default=2)
     ap.add_argument("--max-state-dim", type=int, default=32)
+    ap.add_argument("--vlm-patch-size", type=int, default=16,
+                    help="16: the fixtures' tiny SmolVLM (4 image tokens); 8: the same built with patches of 8 "
+                         "(16 image tokens), random weights seeded as the fixtures' (smolvla_side.build_vlm)")
     ap.add_argument("--train-vlm", action="store_true",
                     help="train the VLM too (train_expert_only=false, freeze_vision_encoder=false)")
     args = ap.parse_args()
@@ -67,7 +70,11 @@ def main() -> None:
     if out.exists():
         shutil.rmtree(out)
     vlm_dir, pdir = out / "vlm", out / "policy"
-    shutil.copytree(VLM, vlm_dir)
+    if args.vlm_patch_size == 16:
+        shutil.copytree(VLM, vlm_dir)
+    else:
+        from smolvla_side import build_vlm          # (this script's folder is on sys.path)
+        build_vlm(vlm_dir, patch_size=args.vlm_patch_size)
 
     probe = LeRobotDataset("local/demos", root=args.dataset)
     fps, features = probe.meta.fps, probe.meta.features
