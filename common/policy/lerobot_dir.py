@@ -138,6 +138,15 @@ def normalize(x: torch.Tensor, stats: dict, mode: str, inverse: bool = False) ->
     return (x + 1) / 2 * span + s[low] if inverse else 2 * (x - s[low]) / span - 1
 
 
+def normalized_state(state, stats: dict, spec, device) -> torch.Tensor:
+    """[B, state_dim] in the robot's units -> normalised with the directory's statistics and
+    zero-padded to [B, max_state_dim], as LeRobot's processors and prepare_state make it."""
+    s = torch.as_tensor(state, dtype=torch.float32, device=device)
+    if spec.state_dim:
+        s = normalize(s, stats.get(STATE_KEY, {}), spec.mode("STATE"))
+    return torch.nn.functional.pad(s, (0, spec.max_state_dim - s.shape[-1]))
+
+
 def stats_needed(spec) -> dict[str, tuple[str, ...]]:
     """{feature: the statistics its normalisation reads} for the features asyncvla normalises (a
     spec: `mode(feature type)`, `state_dim`, `image_keys`)."""

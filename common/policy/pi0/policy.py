@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from ..lerobot_dir import ACTION_KEY, STATE_KEY, WEIGHTS, LeRobotDirError, normalize
+from ..lerobot_dir import ACTION_KEY, WEIGHTS, LeRobotDirError, normalize, normalized_state
 from .network import PI0Net, build_net
 from .spec import PI0Dir, read_policy_dir
 
@@ -104,11 +104,7 @@ class PI0:
         return pixels, masks
 
     def normalized_state(self, state) -> torch.Tensor:
-        """[B, state_dim] in the robot's units -> normalised and zero-padded [B, max_state_dim]."""
-        s = torch.as_tensor(state, dtype=torch.float32, device=self.device)
-        if self.spec.state_dim:
-            s = normalize(s, self.dir.stats.get(STATE_KEY, {}), self.spec.mode("STATE"))
-        return F.pad(s, (0, self.spec.max_state_dim - s.shape[-1]))
+        return normalized_state(state, self.dir.stats, self.spec, self.device)
 
     # ------------------------------------------------------------------------------ acting
     @torch.no_grad()

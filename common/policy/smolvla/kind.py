@@ -39,6 +39,7 @@ from ..flow import flow_matching_loss, interpolate, sample_time
 from ..flow_sampling import FlowSampling, chain_logprob, sample_chain
 from ..heads import ActionHead, SFTLoss
 from ..heads.flow import check_chain
+from ..lerobot_dir import normalized_state
 from ..logprobs import reduce_logprobs
 from ..model import ActOutput, EvalOutput, _numpy, _policy_config_from_dict, load_trainable, resolve_dtype
 from ..value_head import ValueHead
@@ -329,16 +330,12 @@ class SmolVLAPolicy(nn.Module):
         pixels = (x * 2.0 - 1.0).to(self.net.state_proj.weight.dtype)
         ids = torch.as_tensor(np.asarray(ids) if not isinstance(ids, torch.Tensor) else ids).to(self.device, torch.long)
         mask = torch.as_tensor(np.asarray(mask) if not isinstance(mask, torch.Tensor) else mask).to(self.device).bool()
-        b = pixels.shape[0]
-        if self.spec.state_dim:
-            if state is None:
-                raise ValueError(f"this policy reads a proprio state (policy.state_dim={self.spec.state_dim}); got none")
-            s = torch.as_tensor(np.asarray(state) if not isinstance(state, torch.Tensor) else state)
-            s = normalize(s.to(self.device, torch.float32), self.stats.get("observation.state", {}),
-                          self.spec.mode("STATE"))
-        else:
-            s = torch.zeros(b, 0, device=self.device)
-        s = torch.nn.functional.pad(s, (0, self.spec.max_state_dim - s.shape[-1]))
+        if self.spec.state_dim and state is None:
+            raise ValueError(f"this policy reads a proprio state (policy.state_dim={self.spec.state_dim}); got none")
+        if not self.spec.state_dim:
+            state = torch.zeros(pixels.shape[0], 0)
+        s = normalized_state(np.asarray(state) if not isinstance(state, torch.Tensor) else state, self.stats,
+                             self.spec, self.device)
         return pixels, ids, mask, s.to(self.net.state_proj.weight.dtype)
 
     def _env_units(self, x: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from .checkpoint import ACTION_KEY, STATE_KEY, LeRobotDirError, LeRobotPolicyDir, normalize, read_policy_dir
+from ..lerobot_dir import normalized_state
+from .checkpoint import ACTION_KEY, LeRobotDirError, LeRobotPolicyDir, normalize, read_policy_dir
 from .network import SmolVLANet
 
 
@@ -76,11 +77,7 @@ class SmolVLA:
         return pixels, present
 
     def normalized_state(self, state) -> torch.Tensor:
-        """[B, state_dim] in the robot's units -> normalised and zero-padded [B, max_state_dim]."""
-        s = torch.as_tensor(state, dtype=torch.float32, device=self.device)
-        if self.spec.state_dim:
-            s = normalize(s, self.dir.stats.get(STATE_KEY, {}), self.spec.mode("STATE"))
-        return F.pad(s, (0, self.spec.max_state_dim - s.shape[-1]))
+        return normalized_state(state, self.dir.stats, self.spec, self.device)
 
     @torch.no_grad()
     def act_chunk(self, frames: dict, state, ids, mask, noise=None) -> np.ndarray:
