@@ -56,7 +56,9 @@ def run(task: str, seeds: list[int], out: Path, episodes: int, save_interval: in
     if not (demos / "meta" / "info.json").exists():
         shutil.rmtree(demos, ignore_errors=True)
         _run(cli + ["collect", t["config"], "--episodes", str(t["demos"]), "--format", "lerobot", "--out", str(demos)])
-    results = {"task": task, "config": t["config"], "episodes": episodes, "eval_seed": EVAL_SEED, "seeds": {}}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    results = {"task": task, "config": t["config"], "episodes": episodes, "eval_seed": EVAL_SEED, "commit": commit,
+               "cores": os.cpu_count(), "seeds": {}}
     for seed in seeds:
         lerobot_dir = work / f"lerobot_seed{seed}"
         if not (lerobot_dir / "policy" / "model.safetensors").exists():
@@ -77,7 +79,7 @@ def run(task: str, seeds: list[int], out: Path, episodes: int, save_interval: in
             _run(cli + ["export", str(run_dir), "--out", str(exported), "--format", "lerobot", "--weights", "ema"])
         results["seeds"][str(seed)] = measure(t["config"], lerobot_dir / "policy", run_dir, exported, episodes)
         print(json.dumps({seed: _brief(results["seeds"][str(seed)])}), flush=True)
-    write_outputs(results, out)
+        write_outputs(results, out)                 # (after every seed: a long run loses nothing)
     return results
 
 
@@ -104,7 +106,6 @@ def write_outputs(results: dict, out: Path) -> None:
     (out / f"{tag}.json").write_text(json.dumps(results, indent=2))
     (out / f"{tag}.md").write_text(markdown(results))
     plot(results, out / f"{tag}.png")
-    print(markdown(results))
 
 
 def _pct(p: dict) -> str:
@@ -164,7 +165,8 @@ def main() -> None:
     args = ap.parse_args()
     if not INTEROP_PY.exists():
         sys.exit(f"{INTEROP_PY} is missing: `make interop-env` builds LeRobot's environment")
-    run(args.task, [int(s) for s in args.seeds.split(",")], args.out, args.episodes, args.save_interval)
+    results = run(args.task, [int(s) for s in args.seeds.split(",")], args.out, args.episodes, args.save_interval)
+    print(markdown(results))
 
 
 if __name__ == "__main__":
