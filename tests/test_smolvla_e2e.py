@@ -1,5 +1,5 @@
 """A SmolVLA from a LeRobot directory trained by asynchronous RL on a ZeRO-3 learner of 2 ranks
-(the pixel task), exported, and acting after export as the checkpoint does.
+(the pixel task, LoRA on its VLM), exported, and acting after export as the checkpoint does.
 
 The directory is the LeRobot-written tiny SmolVLA of tests/golden/smolvla/tiny_a, told the pixel
 task's sizes: its action's first 2 of 4 dimensions (the network's tensors are max_action_dim wide
@@ -47,6 +47,7 @@ def test_async_rl_on_two_zero3_ranks_then_export(tmp_path):
                         f"logging.output_dir={tmp_path}", "logging.experiment_name=rl", "logging.progress=false",
                         *run_port_overrides(),
                         f"policy.pretrained_path={source}", "policy.max_instruction_tokens=48",
+                        "policy.is_lora=true", "policy.lora_rank=4",            # (LoRA on the VLM's text model)
                         "launch.num_learner_ranks=2", "launch.num_local_actors=2", "learner.max_steps=2",
                         "learner.batch_trajectories=8", "actor.num_envs=4", "actor.rollout_length=4",
                         "algorithm.update_epochs=1", "algorithm.num_minibatches=1", "learner.micro_batch_size=16",
@@ -80,11 +81,13 @@ def test_async_rl_on_two_zero3_ranks_then_export(tmp_path):
                             *vla.tokenize(["reach the dot"] * 2), noise)
     greedy = trained.act(image, ids, mask, None, greedy=True, generator=torch.Generator().manual_seed(2))
     assert np.allclose(lerobot[:, :greedy.actions.shape[1]], greedy.actions, atol=1e-4)
-    # RL moved the expert: the exported tensors are not the directory's any more
+    # RL moved the expert and, through LoRA merged into them, the VLM's attention projections only
     before, after = load_file(str(source / "model.safetensors")), load_file(str(tmp_path / "exported" / "lerobot" / "model.safetensors"))
-    assert not torch.equal(before["model.action_out_proj.weight"], after["model.action_out_proj.weight"])
-    assert torch.equal(before["model.vlm_with_expert.vlm.model.text_model.layers.0.mlp.up_proj.weight"].float(),
-                       after["model.vlm_with_expert.vlm.model.text_model.layers.0.mlp.up_proj.weight"].float())
+    assert set(before) == set(after)
+    text = "model.vlm_with_expert.vlm.model.text_model.layers.0"
+    for name, moved in (("model.action_out_proj.weight", True), (f"{text}.self_attn.q_proj.weight", True),
+                        (f"{text}.mlp.up_proj.weight", False)):
+        assert torch.equal(before[name].float(), after[name].float()) != moved, name
 
 
 def test_a_directory_that_does_not_fit_stops_the_run_in_one_line_before_any_process_starts(tmp_path):
@@ -104,7 +107,7 @@ def test_a_directory_that_does_not_fit_stops_the_run_in_one_line_before_any_proc
     assert problems(pixel_task_smolvla(tmp_path / "ok")) == []
     broken = {}
     d = broken["type"] = pixel_task_smolvla(tmp_path / "type")
-    (d / "config.json").write_text((d / "config.json").read_text().replace('"smolvla"', '"pi0"'))
+    (d / "config.json").write_text((d / "config.json").read_text().replace('"smolvla"', '"act"'))
     d = broken["tensor"] = pixel_task_smolvla(tmp_path / "tensor")
     weights = load_file(str(d / "model.safetensors"))
     save_file({k: v for k, v in weights.items() if k != "model.action_out_proj.bias"}, str(d / "model.safetensors"))
@@ -114,7 +117,7 @@ def test_a_directory_that_does_not_fit_stops_the_run_in_one_line_before_any_proc
     (d / "config.json").write_text(json.dumps(config))
     d = broken["stats"] = pixel_task_smolvla(tmp_path / "stats")
     (d / "policy_postprocessor_step_0_unnormalizer_processor.safetensors").unlink()
-    words = {"type": ["'pi0'", "smolvla"], "tensor": ["model.action_out_proj.bias", "missing"],
+    words = {"type": ["'act'", "smolvla"], "tensor": ["model.action_out_proj.bias", "missing"],
              "action": ["policy.action_dim=2", "4 dimensions"],
              "stats": ["policy_postprocessor_step_0_unnormalizer_processor.safetensors"]}
     for case, d in broken.items():
@@ -125,7 +128,7 @@ def test_a_directory_that_does_not_fit_stops_the_run_in_one_line_before_any_proc
     r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "train", str(PIXEL),
                         f"policy.pretrained_path={broken['type']}", f"logging.output_dir={tmp_path}"],
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "'pi0'" in r.stderr, r.stderr
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "'act'" in r.stderr, r.stderr
 
 
 def pushcube_smolvla(tmp_path):

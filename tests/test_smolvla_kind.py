@@ -1,8 +1,8 @@
 """SmolVLA as an asyncvla policy (common/policy/smolvla/kind.py), on the LeRobot-written tiny
 SmolVLA of tests/golden/smolvla: acting draws a chain whose log-prob the learner's `evaluate`
 reproduces; greedy acting is LeRobot's own denoising; the value head and the action expert train,
-the VLM does not; saved and loaded it acts the same; the run's settings are checked against the
-directory's."""
+and of the VLM nothing, LoRA adapters or every weight, as the settings say; saved and loaded it acts
+the same (LoRA merged into LeRobot's tensors); the run's settings are checked against the directory's."""
 
 from __future__ import annotations
 
@@ -11,18 +11,21 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from asyncvla.common.config import FlowConfig, PolicyConfig
 from asyncvla.common.policy.smolvla import LeRobotDirError, SmolVLA
 from asyncvla.common.policy.smolvla.kind import SmolVLAPolicy
-from tests.test_smolvla import GOLDEN, copy_case
+from tests.test_smolvla import copy_case
 
 K = 4
 
 
 def policy_config(**kw) -> PolicyConfig:
+    """The VLM frozen (policy.flow.train_expert_only), unless `flow` says otherwise."""
     return PolicyConfig(**{"image_size": 64, "action_dim": 4, "state_dim": 9, "num_action_chunks": K,
-                           "max_instruction_tokens": 16, "flow": FlowConfig(noise_level=0.5), **kw})
+                           "max_instruction_tokens": 16, "flow": FlowConfig(noise_level=0.5, train_expert_only=True),
+                           **kw})
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +100,43 @@ def test_the_runs_settings_must_fit_the_directory(source):
         SmolVLAPolicy.from_lerobot(source, policy_config(num_action_chunks=9))
     with pytest.raises(LeRobotDirError, match=r"policy.state_dim=0 but its observation.state has 9"):
         SmolVLAPolicy.from_lerobot(source, policy_config(state_dim=0))
+
+
+def test_the_vlm_trains_frozen_with_lora_or_whole_and_lora_is_merged_into_what_is_saved(source, tmp_path):
+    frozen = SmolVLAPolicy.from_lerobot(source, policy_config())
+    lora = SmolVLAPolicy.from_lerobot(source, policy_config(flow=FlowConfig(noise_level=0.5), is_lora=True,
+                                                            lora_rank=4))
+    full = SmolVLAPolicy.from_lerobot(source, policy_config(flow=FlowConfig(noise_level=0.5), is_lora=False))
+
+    def vlm_trainable(policy):
+        return {n for n, p in policy.named_parameters() if p.requires_grad and n.startswith("net.vlm_with_expert.vlm.")}
+    assert vlm_trainable(frozen) == set()
+    adapted = vlm_trainable(lora)
+    assert adapted and all(".lora_" in n and "text_model" in n for n in adapted)
+    assert {n.split(".self_attn.")[1].split(".")[0] for n in adapted} == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    assert len(vlm_trainable(full)) == sum(1 for n, _ in full.named_parameters() if n.startswith("net.vlm_with_expert.vlm."))
+    for policy in (frozen, lora, full):           # (the expert, the projections and the value head in each)
+        assert set(policy.trainable_state_dict()) == {n for n, p in policy.named_parameters() if p.requires_grad}
+        assert "net.action_out_proj.weight" in policy.trainable_state_dict()
+
+    # fresh adapters change nothing; moved ones change the chunk, and a save holds them merged
+    image, state = observation(2, seed=4)
+    ids, mask = lora.tokenize(["push the cube to the goal"] * 2)
+    act = lambda p: p.act(image, ids, mask, state, greedy=True, generator=torch.Generator().manual_seed(7))  # noqa: E731
+    np.testing.assert_allclose(act(lora).actions, act(frozen).actions, atol=1e-6)
+    with torch.no_grad():
+        for n, p in lora.named_parameters():
+            if ".lora_B." in n:
+                p.normal_(0, 0.3, generator=torch.Generator().manual_seed(len(n)))
+    moved = act(lora).actions
+    assert np.abs(moved - act(frozen).actions).max() > 1e-3
+    lora.save_pretrained(tmp_path / "p")
+    tensors = load_file(str(tmp_path / "p" / "lerobot" / "model.safetensors"))
+    assert not any("lora_" in n or "base_layer" in n for n in tensors)
+    assert set(tensors) == set(load_file(str(source / "model.safetensors")))
+    again = SmolVLAPolicy.from_pretrained(tmp_path / "p")               # (merged weights, fresh adapters)
+    np.testing.assert_allclose(act(again).actions, moved, atol=1e-5)
+    vla = SmolVLA.load(tmp_path / "p" / "lerobot")                       # (as LeRobot reads the directory)
+    noise = torch.randn((2, 8, 16), generator=torch.Generator().manual_seed(7))
+    np.testing.assert_allclose(vla.act_chunk({"observation.images.cam": image}, state, *vla.tokenize(
+        ["push the cube to the goal"] * 2), noise)[:, :K], moved, atol=1e-4)

@@ -7,9 +7,13 @@ step per sample (Flow-SDE, policy.flow.noise_level; flow_sampling.py), so that t
 score it again. The chain lives in SmolVLA's own space: chunk_size steps x max_action_dim entries,
 normalised. Only the entries the env executes count in the log-prob: the first
 policy.num_action_chunks steps of the first action_dim dimensions. The value head reads the VLM's
-last hidden state of the state token, the prefix token that sees every other. What trains: the
-action expert, the state, action and time projections and the value head; the VLM stays frozen
-(LeRobot's train_expert_only).
+last hidden state of the state token, the prefix token that sees every other.
+
+What trains: the action expert, the state, action and time projections and the value head, and of
+the VLM (`vlm_training`): nothing with policy.flow.train_expert_only (LeRobot's train_expert_only),
+else LoRA adapters (policy.is_lora; `auto` targets the text model's q, k, v and o projections), else
+every weight. Saved and exported tensors have LoRA merged into the weights it adapts, under
+LeRobot's names, so LeRobot loads them as any SmolVLA.
 
 A saved policy (`save_pretrained`) is a directory of its own:
     policy.json         asyncvla's record: "kind": "smolvla" and the run's policy settings
@@ -29,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from peft import LoraConfig, inject_adapter_in_model
+from peft.tuners.lora import LoraLayer
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -41,18 +47,28 @@ from ..heads import ActionHead, SFTLoss
 from ..heads.flow import check_chain
 from ..lerobot_dir import normalized_state
 from ..logprobs import reduce_logprobs
-from ..model import ActOutput, EvalOutput, _numpy, _policy_config_from_dict, load_trainable, resolve_dtype
+from ..model import (ActOutput, EvalOutput, _numpy, _policy_config_from_dict, load_trainable, lora_targets,
+                     resolve_dtype)
 from ..value_head import ValueHead
 from .checkpoint import ACTION_KEY, CONFIG, WEIGHTS, LeRobotDirError, check_tensors, normalize, read_policy_dir
 from .network import SmolVLANet
 from .policy import SmolVLA, resize_with_pad
 
 KIND = "smolvla"
+VLM_PARAMS = "net.vlm_with_expert.vlm."
+# What a run continuing a saved SmolVLA policy sets for itself (the rest is the saved policy's)
+CONTINUED_SETTINGS = ("temperature", "precision", "flow", "is_lora", "lora_rank", "lora_alpha", "lora_dropout",
+                      "lora_target_modules")
 LEROBOT_DIR, VLM_DIR, HEADS_FILE, POLICY_FILE = "lerobot", "vlm", "heads.safetensors", "policy.json"
 FORMAT, FORMAT_VERSION = "asyncvla-vla-policy", 1
 VLM_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
              "merges.txt", "added_tokens.json", "preprocessor_config.json", "processor_config.json",
              "chat_template.json", "video_preprocessor_config.json", "generation_config.json")
+
+
+def vlm_training(cfg: PolicyConfig) -> str:
+    """How the VLM trains: "frozen" (policy.flow.train_expert_only), "lora" (policy.is_lora) or "full"."""
+    return "frozen" if cfg.flow.train_expert_only else "lora" if cfg.is_lora else "full"
 
 
 def settings_problems(spec, cfg: PolicyConfig) -> list[str]:
@@ -114,7 +130,22 @@ class SmolVLAPolicy(nn.Module):
         vocab = self.net.vlm_with_expert.text.get_input_embeddings().num_embeddings
         self.action_tokenizer = ActionTokenizer(n_bins=2, vocab_size=vocab)
         self._check(cfg)
+        if vlm_training(cfg) == "lora":
+            self._add_lora(cfg)
         self._set_trainable()
+
+    def _add_lora(self, cfg: PolicyConfig) -> None:
+        vlm = self.net.vlm_with_expert.vlm
+        targets = lora_targets(cfg, vlm)
+        lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                          target_modules=targets)
+        with torch.random.fork_rng(devices=[]):     # (every process building this config gets the same init)
+            torch.manual_seed(cfg.init_seed + 1)
+            try:
+                inject_adapter_in_model(lora, vlm)
+            except ValueError as e:
+                raise ValueError(f"policy.lora_target_modules={targets!r} matches no module of the SmolVLA's "
+                                 f"VLM ({e})") from None
 
     # ------------------------------------------------------------------------ construction
     @classmethod
@@ -124,9 +155,10 @@ class SmolVLAPolicy(nn.Module):
         path = Path(cfg.pretrained_path)
         if not (path / POLICY_FILE).is_file():
             return cls.from_lerobot(path, cfg, device, dtype)
-        policy = cls.from_pretrained(path, device, dtype)
-        policy.cfg = dataclasses.replace(policy.cfg, temperature=cfg.temperature, precision=cfg.precision,
-                                         pretrained_path=str(path), flow=cfg.flow)
+        saved = _policy_config_from_dict(json.loads((path / POLICY_FILE).read_text())["policy"])
+        run = dataclasses.replace(saved, pretrained_path=str(path),
+                                  **{k: getattr(cfg, k) for k in CONTINUED_SETTINGS})
+        policy = cls._from_saved(path, run, device, dtype)
         policy._check(cfg)
         return policy
 
@@ -141,7 +173,10 @@ class SmolVLAPolicy(nn.Module):
     def from_pretrained(cls, path, device="cpu", dtype: torch.dtype | None = None) -> "SmolVLAPolicy":
         """A directory written by `save_pretrained`."""
         meta = json.loads((Path(path) / POLICY_FILE).read_text())
-        cfg = _policy_config_from_dict(meta["policy"])
+        return cls._from_saved(path, _policy_config_from_dict(meta["policy"]), device, dtype)
+
+    @classmethod
+    def _from_saved(cls, path, cfg: PolicyConfig, device, dtype) -> "SmolVLAPolicy":
         policy = cls.from_lerobot(Path(path) / LEROBOT_DIR, cfg, device, dtype)
         heads = load_file(str(Path(path) / HEADS_FILE))
         policy.value_head.load_state_dict({k.removeprefix("value_head."): v for k, v in heads.items()})
@@ -249,7 +284,9 @@ class SmolVLAPolicy(nn.Module):
 
     # --------------------------------------------------------------- trainable parameters
     def _is_trainable(self, name: str) -> bool:
-        return not name.startswith("net.vlm_with_expert.vlm.")
+        if not name.startswith(VLM_PARAMS):
+            return True
+        return {"frozen": False, "lora": ".lora_" in name, "full": True}[vlm_training(self.cfg)]
 
     def _set_trainable(self):
         for name, p in self.named_parameters():
@@ -270,10 +307,21 @@ class SmolVLAPolicy(nn.Module):
         for f in self.lerobot_path.iterdir():
             if f.is_file() and f.name not in (WEIGHTS, CONFIG) and not _same_file(f, path / f.name):
                 shutil.copy2(f, path / f.name)
-        weights = {f"model.{n}": t.detach().cpu().contiguous() for n, t in self.net.state_dict().items()}
+        weights = {f"model.{n}": t.detach().cpu().contiguous() for n, t in self._lerobot_tensors().items()}
         save_file(weights, str(path / WEIGHTS))
         config = dict(self.lerobot_config, **config_changes)
         (path / CONFIG).write_text(json.dumps(config, indent=4) + "\n")
+
+    def _lerobot_tensors(self) -> dict[str, torch.Tensor]:
+        """The network's tensors under LeRobot's names: LoRA's B A (times its scale) added to the
+        weight it adapts, its own tensors left out."""
+        state = {n.replace(".base_layer.", "."): t for n, t in self.net.state_dict().items() if ".lora_" not in n}
+        with torch.no_grad():
+            for name, module in self.net.named_modules():
+                if isinstance(module, LoraLayer):
+                    weight = module.get_base_layer().weight
+                    state[f"{name}.weight"] = weight + module.get_delta_weight("default").to(weight.dtype)
+        return state
 
     def export_lerobot(self, path) -> None:
         """A directory LeRobot's SmolVLAPolicy.from_pretrained and its processors load: the current
