@@ -86,7 +86,7 @@ def test_maniskill_pipeline_runs_every_stage_resumes_after_ctrl_c_and_caches(tmp
     for stage in ("sft", "rl"):
         lo, hi = summary[stage]["ci95"]
         assert 0.0 <= lo <= summary[stage]["success_rate"] <= hi <= 1.0
-    assert "after SFT (12 steps)" in out and "after RL  (8 updates)" in out and "tensorboard --logdir" in out
+    assert "after SFT (12 steps):" in out and "after RL (8 updates):" in out and "tensorboard --logdir" in out
     evals = sorted(p.parent.name for p in (run_dir / "eval").glob("step_*/summary.json"))
     assert "step_00000008" in evals, evals          # the evaluator's last figure is of the last weights
 
