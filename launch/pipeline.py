@@ -73,7 +73,7 @@ def run(args) -> int:
     from asyncvla.common.policy import starts_trained
     if starts_trained(cfg.policy.pretrained_path):
         _say(f"1-2/3 demonstrations and SFT: none, the policy is trained ({cfg.policy.pretrained_path})")
-        return _rl_and_summary(args, cfg, overrides, run_dir, cli, [*overrides])
+        return _rl_and_summary(args, cfg, run_dir, cli, [*overrides])
 
     if (demos / "trajectory.h5").exists():
         _say(f"1/3 demonstrations: cached in {demos}")
@@ -87,10 +87,10 @@ def run(args) -> int:
         _say(f"2/3 SFT: {cfg.sft.steps} steps on {demos}")
         if (code := _stage("SFT", cli + ["sft", args.config, *overrides, f"sft.data={demos}"])):
             return code
-    return _rl_and_summary(args, cfg, overrides, run_dir, cli, [*overrides, f"policy.pretrained_path={policy}"])
+    return _rl_and_summary(args, cfg, run_dir, cli, [*overrides, f"policy.pretrained_path={policy}"])
 
 
-def _rl_and_summary(args, cfg, overrides, run_dir: Path, cli: list[str], rl: list[str]) -> int:
+def _rl_and_summary(args, cfg, run_dir: Path, cli: list[str], rl: list[str]) -> int:
     """Stages 3 and 4: RL with the overrides `rl` (resumed, or skipped once finished), then the summary."""
     done, finished = _rl_step(run_dir), run_dir / RL_FINISHED
     if finished.exists() and (run_dir / SUMMARY).exists():

@@ -598,7 +598,7 @@ def test_cnn_image_tokens_read_the_image_train_under_lora_and_round_trip(tmp_pat
 
 
 def test_sincos_position_init_makes_patch_positions_distinct():
-    from asyncvla.common.policy.backbone import sincos_positions
+    from asyncvla.common.policy.positions import sincos_positions
     pe = sincos_positions(8, 64)
     assert pe.shape == (64, 64) and pe.abs().max() <= 1.0
     dist = torch.cdist(pe, pe) + torch.eye(64) * 1e9

@@ -22,6 +22,7 @@ from transformers.utils import logging as hf_logging
 
 from .families import Family, family_by_name, family_for_type, need
 from .families.idefics3 import FAMILY as IDEFICS3
+from .positions import sincos_positions
 
 BASE_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 SPECIAL_TOKENS = BASE_TOKENS + IDEFICS3.special_tokens
@@ -112,20 +113,6 @@ def write_tiny_backbone(out_dir: str, bcfg, image_size: int, n_bins: int, seed: 
         tokenizer.save_pretrained(out_dir)
         processor.save_pretrained(out_dir)
     return out_dir
-
-
-def sincos_positions(side: int, dim: int) -> torch.Tensor:
-    """[side*side, dim] 2-D sine-cosine position embeddings, row-major like the patches: a quarter
-    of the channels each for sin/cos of the row and of the column, at geometric frequencies."""
-    quarter = dim // 4
-    omega = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float64) / quarter)
-    rows, cols = torch.meshgrid(torch.arange(side, dtype=torch.float64),
-                                torch.arange(side, dtype=torch.float64), indexing="ij")
-
-    def axis(coord):
-        angle = coord.reshape(-1, 1) * omega
-        return torch.cat([angle.sin(), angle.cos()], 1)
-    return torch.cat([axis(rows), axis(cols)], 1).float()
 
 
 # --------------------------------------------------------------------------------- loading

@@ -19,6 +19,7 @@ asyncvla loads, and the policy kind each loads as, are LEROBOT_TYPES (kinds.py r
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -145,6 +146,55 @@ def normalized_state(state, stats: dict, spec, device) -> torch.Tensor:
     if spec.state_dim:
         s = normalize(s, stats.get(STATE_KEY, {}), spec.mode("STATE"))
     return torch.nn.functional.pad(s, (0, spec.max_state_dim - s.shape[-1]))
+
+
+@dataclass
+class LeRobotDir:
+    """What any LeRobot policy directory holds: its config, the policy's spec read from it, its
+    tensors (names without the "model." prefix) and the statistics of each normalised feature
+    ({feature: {stat: tensor}}). Each policy's reader adds where its VLM or tokenizer is."""
+    path: Path
+    config: dict
+    spec: object
+    weights: dict[str, torch.Tensor]
+    stats: dict[str, dict[str, torch.Tensor]]
+
+
+class LeRobotFlowVLA:
+    """A LeRobot flow-matching VLA loaded into asyncvla (SmolVLA, π0, π0.5): its directory, spec and
+    network, and the acting they share. A subclass gives `images(frames)` (its cameras as its
+    network reads them) and `tokenize`; its network gives `sample(pixels, present, ids, mask,
+    state, noise)` and an `action_in_proj`."""
+
+    def __init__(self, d, net, tokenizer=None):
+        self.dir, self.spec, self.net, self.tokenizer = d, d.spec, net, tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        return self.net.action_in_proj.weight.device
+
+    def normalized_state(self, state) -> torch.Tensor:
+        return normalized_state(state, self.dir.stats, self.spec, self.device)
+
+    @torch.no_grad()
+    def act_chunk(self, frames: dict, state, ids, mask, noise=None):
+        """The action chunk [B, chunk_size, action_dim] in the dataset's units (numpy). `noise`
+        [B, chunk_size, max_action_dim] (LeRobot's `noise` argument) fixes the draw; without it a
+        standard normal draw is taken."""
+        dtype = self.net.action_in_proj.weight.dtype
+        pixels, present = self.images(frames)
+        state = self.normalized_state(state)
+        ids = torch.as_tensor(ids, device=self.device)
+        mask = torch.as_tensor(mask, device=self.device).bool()
+        shape = (ids.shape[0], self.spec.chunk_size, self.spec.max_action_dim)
+        noise = torch.randn(shape) if noise is None else torch.as_tensor(noise, dtype=torch.float32)
+        if tuple(noise.shape) != shape:
+            raise ValueError(f"noise has shape {list(noise.shape)}; this policy draws {list(shape)}")
+        chunk = self.net.sample([p.to(dtype) for p in pixels], present, ids, mask, state.to(dtype),
+                                noise.to(self.device, dtype))
+        actions = normalize(chunk[..., :self.spec.action_dim].float(), self.dir.stats.get(ACTION_KEY, {}),
+                            self.spec.mode("ACTION"), inverse=True)
+        return actions.cpu().numpy()
 
 
 def stats_needed(spec) -> dict[str, tuple[str, ...]]:

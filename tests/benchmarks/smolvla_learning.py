@@ -4,7 +4,8 @@ Per task (--task pixel: configs/pixel_task.yaml; pushcube: configs/smolvla.yaml)
     1. demos     `asyncvla collect CONFIG --format lerobot` (once per task): a LeRobot dataset
     2. LeRobot   tests/interop/smolvla_train.py in `make interop-env`'s environment: LeRobot's
                  SmolVLAPolicy, processors, optimizer and scheduler presets, trained on the demos
-                 (the tiny SmolVLM of tests/golden/smolvla/vlm as its backbone), saved as LeRobot
+                 (a tiny random-init SmolVLM as its backbone, trained along: 16 image tokens, the
+                 patch positions asyncvla's fixed sine-cosine pattern), saved as LeRobot
                  saves a policy: the "user's own VLA"
     3. RL        `asyncvla train CONFIG policy.pretrained_path=THAT_DIR` (env.seed and actor.seed
                  the seed), a checkpoint every --save-interval updates, no evaluator beside it
@@ -16,7 +17,7 @@ Per task (--task pixel: configs/pixel_task.yaml; pushcube: configs/smolvla.yaml)
                  loaded again from that LeRobot directory.
 Every stage is cached under OUT/smolvla_learning/TASK/ (delete a folder to redo it). Writes
 OUT/smolvla_learning_TASK.json, .md (the table) and .png (success vs wall time, per seed, with
-intervals). Pixel task, 3 seeds: ~25 min per seed on 2 cores.
+intervals). Pixel task: ~35 min per seed on 2 cores.
 
     python -m tests.benchmarks.smolvla_learning --task pixel --seeds 0,1,2
 """
@@ -39,8 +40,8 @@ INTEROP_PY = REPO / ".venv-interop" / "bin" / "python"
 TASKS = {
     # config, demos, LeRobot training (tests/interop/smolvla_train.py flags), RL overrides
     "pixel": dict(config="configs/pixel_task.yaml", demos=200, sft=["--steps", "1500", "--batch-size", "64",
-                                                                     "--vlm-patch-size", "8"],
-                  rl=["learner.max_steps=1200", "policy.flow.train_expert_only=true"]),
+                                                                     "--vlm-patch-size", "8", "--vlm-position-init", "sincos"],
+                  rl=["learner.max_steps=2000", "policy.flow.train_expert_only=true"]),
     "pushcube": dict(config="configs/smolvla.yaml", demos=300, sft=["--steps", "3000", "--batch-size", "64",
                                                                     "--vlm-patch-size", "8"],
                      rl=["learner.max_steps=200", "learner.max_time_s=1500"]),

@@ -114,9 +114,23 @@ def perturb_(params, generator: torch.Generator) -> None:
             p.add_(noise.to(p.dtype))
 
 
-def build_vlm(vlm_dir: Path, patch_size: int = 16) -> None:
+def _sincos_positions(side: int, dim: int) -> torch.Tensor:
+    """asyncvla's common/policy/positions.py, loaded by path: it needs torch only, and this
+    environment does not install asyncvla."""
+    import importlib.util
+    path = Path(__file__).resolve().parents[2] / "common" / "policy" / "positions.py"
+    spec = importlib.util.spec_from_file_location("asyncvla_positions", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.sincos_positions(side, dim)
+
+
+def build_vlm(vlm_dir: Path, patch_size: int = 16, position_init: str = "random") -> None:
     """The tiny SmolVLM of the fixtures (64 px, patches of 16: 4 image tokens after the pixel
-    shuffle); a smaller patch_size gives more image tokens ((64 / patch_size / 2) ** 2)."""
+    shuffle); a smaller patch_size gives more image tokens ((64 / patch_size / 2) ** 2).
+    position_init="sincos" sets the vision tower's patch positions to asyncvla's fixed 2-D pattern
+    (common/policy/positions.py), as asyncvla's own tiny backbones: a VLM to train a policy on,
+    where the random positions of the fixtures leave it slow to learn where things are."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (PreTrainedTokenizerFast, SmolVLMConfig, SmolVLMForConditionalGeneration,
                               SmolVLMImageProcessor, SmolVLMProcessor, SmolVLMVideoProcessor)
@@ -147,6 +161,12 @@ def build_vlm(vlm_dir: Path, patch_size: int = 16) -> None:
     torch.manual_seed(0)
     model = SmolVLMForConditionalGeneration(config).eval()
     perturb_(model.named_parameters(), torch.Generator().manual_seed(100))
+    if position_init == "sincos":
+        weight = model.model.vision_model.embeddings.position_embedding.weight     # [patches, width]
+        with torch.no_grad():
+            weight.copy_(_sincos_positions(round(weight.shape[0] ** 0.5), weight.shape[1]))
+    elif position_init != "random":
+        raise ValueError(f"position_init={position_init!r}: choose random or sincos")
     model = model.to(torch.bfloat16)
     model.save_pretrained(vlm_dir, safe_serialization=True)
 

@@ -54,6 +54,9 @@ def main() -> None:
     ap.add_argument("--vlm-patch-size", type=int, default=16,
                     help="16: the fixtures' tiny SmolVLM (4 image tokens); 8: the same built with patches of 8 "
                          "(16 image tokens), random weights seeded as the fixtures' (smolvla_side.build_vlm)")
+    ap.add_argument("--vlm-position-init", choices=["random", "sincos"], default="random",
+                    help="the vision tower's patch positions: random (the fixtures') or asyncvla's fixed 2-D "
+                         "sine-cosine pattern, which a random-init tower reads at once")
     ap.add_argument("--train-vlm", action="store_true",
                     help="train the VLM too (train_expert_only=false, freeze_vision_encoder=false)")
     args = ap.parse_args()
@@ -70,11 +73,11 @@ def main() -> None:
     if out.exists():
         shutil.rmtree(out)
     vlm_dir, pdir = out / "vlm", out / "policy"
-    if args.vlm_patch_size == 16:
+    if args.vlm_patch_size == 16 and args.vlm_position_init == "random":
         shutil.copytree(VLM, vlm_dir)
     else:
         from smolvla_side import build_vlm          # (this script's folder is on sys.path)
-        build_vlm(vlm_dir, patch_size=args.vlm_patch_size)
+        build_vlm(vlm_dir, patch_size=args.vlm_patch_size, position_init=args.vlm_position_init)
 
     probe = LeRobotDataset("local/demos", root=args.dataset)
     fps, features = probe.meta.fps, probe.meta.features

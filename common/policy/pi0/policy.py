@@ -30,14 +30,12 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from ..lerobot_dir import ACTION_KEY, WEIGHTS, LeRobotDirError, normalize, normalized_state
-from .network import PI0Net, build_net
-from .spec import PI0Dir, read_policy_dir
+from ..lerobot_dir import WEIGHTS, LeRobotDirError, LeRobotFlowVLA, normalize
+from .network import build_net
+from .spec import read_policy_dir
 
 
-class PI0:
-    def __init__(self, d: PI0Dir, net: PI0Net, tokenizer=None):
-        self.dir, self.spec, self.net, self.tokenizer = d, d.spec, net, tokenizer
+class PI0(LeRobotFlowVLA):
 
     @classmethod
     def load(cls, path, device="cpu", dtype: torch.dtype = torch.float32) -> "PI0":
@@ -52,10 +50,6 @@ class PI0:
             from transformers import AutoTokenizer
             tokenizer = AutoTokenizer.from_pretrained(d.tokenizer_dir)
         return cls(d, net.to(device=device, dtype=dtype).eval(), tokenizer)
-
-    @property
-    def device(self) -> torch.device:
-        return self.net.action_in_proj.weight.device
 
     # ------------------------------------------------------------------------------ inputs
     def prompts(self, tasks: list[str], state=None) -> list[str]:
@@ -102,28 +96,6 @@ class PI0:
             pixels.append(torch.ones_like(pixels[-1]) * -1)
             masks.append(torch.zeros_like(masks[-1]))
         return pixels, masks
-
-    def normalized_state(self, state) -> torch.Tensor:
-        return normalized_state(state, self.dir.stats, self.spec, self.device)
-
-    # ------------------------------------------------------------------------------ acting
-    @torch.no_grad()
-    def act_chunk(self, frames: dict, state, ids, mask, noise=None) -> np.ndarray:
-        """The action chunk [B, chunk_size, action_dim] in the dataset's units."""
-        dtype = self.net.action_in_proj.weight.dtype
-        pixels, present = self.images(frames)
-        state = self.normalized_state(state)
-        ids = torch.as_tensor(ids, device=self.device)
-        mask = torch.as_tensor(mask, device=self.device).bool()
-        shape = (ids.shape[0], self.spec.chunk_size, self.spec.max_action_dim)
-        noise = torch.randn(shape) if noise is None else torch.as_tensor(noise, dtype=torch.float32)
-        if tuple(noise.shape) != shape:
-            raise ValueError(f"noise has shape {list(noise.shape)}; this policy draws {list(shape)}")
-        chunk = self.net.sample([p.to(dtype) for p in pixels], present, ids, mask, state.to(dtype),
-                                noise.to(self.device, dtype))
-        actions = normalize(chunk[..., :self.spec.action_dim].float(), self.dir.stats.get(ACTION_KEY, {}),
-                            self.spec.mode("ACTION"), inverse=True)
-        return actions.cpu().numpy()
 
 
 def resize_with_pad(x: torch.Tensor, height: int, width: int) -> torch.Tensor:

@@ -22,9 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
-from ..lerobot_dir import (ACTION_KEY, CONFIG, STATE_KEY, LeRobotDirError, features, int_setting, model_tensors,
+from ..lerobot_dir import (ACTION_KEY, CONFIG, STATE_KEY, LeRobotDir, LeRobotDirError, features, int_setting, model_tensors,
                            norm_modes, processor_step, read_json, read_stats, read_weights, type_error)
 
 TYPES = ("pi0", "pi05")
@@ -154,15 +152,9 @@ class PI0Spec:
 
 
 @dataclass
-class PI0Dir:
-    """What a LeRobot π0 / π0.5 directory holds: its spec, its tensors (names without "model."), the
-    statistics of each normalised feature, its tokenizer step's settings and where the tokenizer
-    is (None: not found here)."""
-    path: Path
-    config: dict
-    spec: PI0Spec
-    weights: dict[str, torch.Tensor]
-    stats: dict[str, dict[str, torch.Tensor]]
+class PI0Dir(LeRobotDir):
+    """A LeRobot π0 / π0.5 directory (spec: a PI0Spec), its tokenizer step's settings and where the
+    tokenizer is (None: not found here)."""
     tokenizer_step: dict
     tokenizer_dir: Path | None
 

@@ -21,8 +21,6 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from ..lerobot_dir import (ACTION_KEY, CONFIG, NORM_EPS, NORM_MODES, POSTPROCESSOR, PREPROCESSOR,
                            STATE_KEY, SUPPORTED_TYPES, WEIGHTS, LeRobotDirError, check_tensors, normalize,
                            stats_needed, type_error)
@@ -30,7 +28,7 @@ from ..lerobot_dir import buffer_stats as _buffer_stats
 from ..lerobot_dir import features as _features
 from ..lerobot_dir import header as _header
 from ..lerobot_dir import int_setting as _int
-from ..lerobot_dir import model_tensors, norm_modes, read_weights
+from ..lerobot_dir import LeRobotDir, model_tensors, norm_modes, read_weights
 from ..lerobot_dir import read_json as _json
 from ..lerobot_dir import read_stats as _stats
 
@@ -119,15 +117,8 @@ class SmolVLASpec:
 
 
 @dataclass
-class LeRobotPolicyDir:
-    """What a LeRobot SmolVLA directory holds: its spec, its tensors (names without the "model."
-    prefix), the statistics of each normalised feature ({feature: {stat: tensor}}), and where the
-    VLM's config and tokenizer are."""
-    path: Path
-    config: dict
-    spec: SmolVLASpec
-    weights: dict[str, torch.Tensor]
-    stats: dict[str, dict[str, torch.Tensor]]
+class LeRobotPolicyDir(LeRobotDir):
+    """A LeRobot SmolVLA directory (spec: a SmolVLASpec), and where its VLM's config and tokenizer are."""
     vlm_dir: Path
 
 

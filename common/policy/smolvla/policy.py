@@ -23,14 +23,12 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from ..lerobot_dir import normalized_state
-from .checkpoint import ACTION_KEY, LeRobotDirError, LeRobotPolicyDir, normalize, read_policy_dir
+from ..lerobot_dir import LeRobotFlowVLA
+from .checkpoint import LeRobotDirError, read_policy_dir
 from .network import SmolVLANet
 
 
-class SmolVLA:
-    def __init__(self, d: LeRobotPolicyDir, net: SmolVLANet, tokenizer):
-        self.dir, self.spec, self.net, self.tokenizer = d, d.spec, net, tokenizer
+class SmolVLA(LeRobotFlowVLA):
 
     @classmethod
     def load(cls, path, device="cpu", dtype: torch.dtype = torch.float32) -> "SmolVLA":
@@ -44,10 +42,6 @@ class SmolVLA:
                              getattr(tokenizer, "global_image_token_id", None))
         net.load_weights(d.weights, str(Path(path) / "model.safetensors"))
         return cls(d, net.to(device=device, dtype=dtype).eval(), tokenizer)
-
-    @property
-    def device(self) -> torch.device:
-        return self.net.state_proj.weight.device
 
     def tokenize(self, tasks: list[str], max_length: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """ids int64 [B, L], mask bool [B, L]: each task + "\\n", padded on the right to the longest
@@ -75,24 +69,6 @@ class SmolVLA:
             pixels.append(x * 2.0 - 1.0)
             present.append(torch.ones(x.shape[0], dtype=torch.bool, device=self.device))
         return pixels, present
-
-    def normalized_state(self, state) -> torch.Tensor:
-        return normalized_state(state, self.dir.stats, self.spec, self.device)
-
-    @torch.no_grad()
-    def act_chunk(self, frames: dict, state, ids, mask, noise=None) -> np.ndarray:
-        """The action chunk [B, chunk_size, action_dim] in the dataset's units."""
-        pixels, present = self.images(frames)
-        state = self.normalized_state(state)
-        ids = torch.as_tensor(ids, device=self.device)
-        mask = torch.as_tensor(mask, device=self.device).bool()
-        shape = (ids.shape[0], self.spec.chunk_size, self.spec.max_action_dim)
-        noise = torch.randn(shape) if noise is None else torch.as_tensor(noise, dtype=torch.float32)
-        chunk = self.net.sample(pixels, present, ids, mask, state.to(self.net.state_proj.weight.dtype),
-                                noise.to(self.device, self.net.action_in_proj.weight.dtype))
-        actions = normalize(chunk[..., :self.spec.action_dim].float(), self.dir.stats.get(ACTION_KEY, {}),
-                            self.spec.mode("ACTION"), inverse=True)
-        return actions.cpu().numpy()
 
 
 def resize_with_pad(x: torch.Tensor, width: int, height: int) -> torch.Tensor:
