@@ -8,8 +8,8 @@ stopped, the next call continues from the newest checkpoint, and a third call on
 summary.
 
 This checks the mechanics, not learning: at this scale (2 demos, 12 SFT steps, a few updates)
-no success rate means anything. Learning on ManiSkill is measured by `make train` itself (see the
-README's quickstart section)."""
+no success rate means anything. Learning on ManiSkill is measured by `make train` itself (the
+README's Results, docs/history.md)."""
 
 import json
 import os

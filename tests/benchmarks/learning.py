@@ -629,8 +629,7 @@ def _per_seed(per: dict, th: float, key: str = "wall_s", scale: float = 1.0) -> 
 
 
 def markdown(results: dict) -> str:
-    """The results in markdown (the README's and docs' form). First the headline table (the README
-    shows it alone): per arm, time and env steps to the headline threshold (mean over seeds, 95 %
+    """The results in markdown (docs/results.md's form). First the headline table: per arm, time and env steps to the headline threshold (mean over seeds, 95 %
     bootstrap CI, each seed) and the ratio to sync; then every threshold, every seed's figures and
     success at fixed wall times."""
     s = results["summary"]

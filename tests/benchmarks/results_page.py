@@ -1,17 +1,15 @@
-"""docs/results.md and the README's Results block, generated from what `make bench` wrote.
+"""docs/results.md, generated from what `make bench` wrote.
 
-    python -m tests.benchmarks.results_page [--bench-dir bench_results/] [--readme README.md] [--docs docs/]
+    python -m tests.benchmarks.results_page [--bench-dir bench_results/] [--docs docs/]
 
 Reads BENCH/bench.json (the performance table of every benchmark, with the machine and commit) and,
 per learning benchmark, BENCH/learning_TAG.md + .json + .png (TAG `model`: the pixel task at the
 modelled cost; `maniskill`: PushCube at the simulator's own cost; `heads`: the action heads, and
-`gaussian`: the Gaussian head against the parallel one, these two on the page only). Writes
-docs/results.md (the full page: machine, commit, date, every figure, the learning tables and plots).
-A section whose inputs are missing keeps its text from the page as it was, so a benchmark run
-alone updates only its own section. The README's text between
-`<!-- results:start -->` and `<!-- results:end -->` becomes the short form: each learning
-section's tables and plot, linking to the page. `make bench` calls it last, so the figures a
-reader sees are the latest measured, never hand-copied.
+`gaussian`: the Gaussian head against the parallel one). Writes docs/results.md (the full page:
+machine, commit, date, every figure, the learning tables and plots). A section whose inputs are
+missing keeps its text from the page as it was, so a benchmark run alone updates only its own
+section. `make bench` calls it last, so the figures a reader sees are the latest measured, never
+hand-copied.
 """
 
 from __future__ import annotations
@@ -24,22 +22,21 @@ from pathlib import Path
 
 from tests.benchmarks.report import ROOT, Figure, format_value
 
-START, END = "<!-- results:start -->", "<!-- results:end -->"
 PERFORMANCE = "Performance"
-# tag -> (the page's heading, the README's name for it or None: on the page only, what the benchmark is)
+# tag -> (the page's heading, what the benchmark is)
 LEARNING = {
-    "model": ("Learning over seeds", "The pixel task at seed 002's modelled cost",
+    "model": ("Learning over seeds",
               "The learning benchmark, `--profile model` (`python -m tests.benchmarks.learning`): the "
               "pixel task with env.sim_latency_ms giving sync seed 002's rollout : training ratio."),
-    "maniskill": ("Learning on ManiSkill", "ManiSkill PushCube at the simulator's own cost",
+    "maniskill": ("Learning on ManiSkill",
                   "The learning benchmark, `--task maniskill` (`python -m tests.benchmarks.learning "
                   "--task maniskill`): `make train`'s PushCube config from its own warm start, nothing "
                   "modelled, the learner and the actors on disjoint cores in both arms."),
-    "heads": ("Learning with each action head", None,
+    "heads": ("Learning with each action head",
               "The learning benchmark, `--task heads` (`python -m tests.benchmarks.learning --task heads`): "
               "asynchronous RL on the pixel task for the same wall-clock budget from each head's own SFT "
               "warm start, the token (parallel) head against the flow head with Flow-SDE and Flow-Noise."),
-    "gaussian": ("Learning with the Gaussian head", None,
+    "gaussian": ("Learning with the Gaussian head",
                  "The learning benchmark, `--task gaussian` (`python -m tests.benchmarks.learning --task "
                  "gaussian`): asynchronous RL on the pixel task for the same wall-clock budget, the Gaussian "
                  "head against the parallel token head, each from its own warm start of the same number of "
@@ -75,7 +72,7 @@ def performance_section(bench: dict) -> str:
 
 
 def learning_section(tag: str, learning_md: str, env: dict) -> str:
-    heading, _, what = LEARNING[tag]
+    heading, what = LEARNING[tag]
     return "\n".join([f"## {heading}", "", f"{what} Measured on {machine_line(env)}. {SUMMARY}", "",
                       learning_md.strip(), "", f"![success vs wall time and env steps](learning_{tag}.png)"])
 
@@ -89,22 +86,9 @@ def sections(page: str) -> dict[str, str]:
     return out
 
 
-def readme_part(tag: str, section: str) -> str:
-    """The README's short form of a learning section: its name, machine, headline table (the
-    section's first) and plot."""
-    lines = section.splitlines()
-    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
-    end = next((i for i in range(first, len(lines)) if not lines[i].startswith("|")), len(lines))
-    measured = re.search(r"[Mm]easured on (.+?)\.(?:\s|$)", section)
-    return "\n".join([f"**{LEARNING[tag][1]}**, measured on {measured.group(1) if measured else '?'}:", "",
-                      *lines[first:end], "",
-                      f"![success vs wall time and env steps, mean over seeds with 95 % bands]"
-                      f"(docs/learning_{tag}.png)"])
-
-
-def render(bench: dict | None, learning: dict[str, tuple[str, dict]], old_page: str = "") -> tuple[str, str]:
-    """(docs/results.md, the README block) from bench.json and {tag: (learning md, machine)};
-    a section without inputs is kept from old_page."""
+def render(bench: dict | None, learning: dict[str, tuple[str, dict]], old_page: str = "") -> str:
+    """docs/results.md from bench.json and {tag: (learning md, machine)}; a section without inputs
+    is kept from old_page."""
     old = sections(old_page)
     page = ["# Results", "",
             "Generated by `make bench` (`tests/benchmarks/results_page.py`) from `bench_results/`: "
@@ -115,26 +99,14 @@ def render(bench: dict | None, learning: dict[str, tuple[str, dict]], old_page: 
     else:
         page += [old.get(PERFORMANCE) or f"## {PERFORMANCE}\n\nNot measured yet: `make bench` writes "
                  "`bench_results/bench.json`.", ""]
-    short = []
-    for tag, (heading, _, _) in LEARNING.items():
+    for tag, (heading, _) in LEARNING.items():
         section = learning_section(tag, *learning[tag]) if tag in learning else old.get(heading)
         if section is not None:
             page += [section, ""]
-            if LEARNING[tag][1] is not None:
-                short += [readme_part(tag, section), ""]
-    short.append("Every figure of `make bench`: [docs/results.md](docs/results.md)." if len(short) else
-                 "Not measured yet: `make bench` writes [docs/results.md](docs/results.md) and this table.")
-    return "\n".join(page).rstrip() + "\n", "\n".join(short)
+    return "\n".join(page).rstrip() + "\n"
 
 
-def replace_block(text: str, block: str) -> str:
-    if START not in text or END not in text:
-        raise ValueError(f"the README has no {START} ... {END} block to replace")
-    head, rest = text.split(START, 1)
-    return f"{head}{START}\n{block}\n{END}{rest.split(END, 1)[1]}"
-
-
-def write(bench_dir: Path, readme: Path, docs: Path) -> None:
+def write(bench_dir: Path, docs: Path) -> None:
     bench_json = bench_dir / "bench.json"
     bench = json.loads(bench_json.read_text()) if bench_json.exists() else None
     learning = {}
@@ -151,19 +123,16 @@ def write(bench_dir: Path, readme: Path, docs: Path) -> None:
         if png.exists():
             shutil.copyfile(png, docs / png.name)
     page_path = docs / "results.md"
-    page, short = render(bench, learning, page_path.read_text() if page_path.exists() else "")
-    page_path.write_text(page)
-    readme.write_text(replace_block(readme.read_text(), short))
-    print(f"wrote {page_path} and the Results block of {readme}")
+    page_path.write_text(render(bench, learning, page_path.read_text() if page_path.exists() else ""))
+    print(f"wrote {page_path}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bench-dir", default=str(ROOT / "bench_results"))
-    p.add_argument("--readme", default=str(ROOT / "README.md"))
     p.add_argument("--docs", default=str(ROOT / "docs"))
     a = p.parse_args()
-    write(Path(a.bench_dir), Path(a.readme), Path(a.docs))
+    write(Path(a.bench_dir), Path(a.docs))
 
 
 if __name__ == "__main__":

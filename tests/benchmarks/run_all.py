@@ -7,7 +7,7 @@ prints ONE table of figures with the goals of issue #9 and whether each is met, 
 OUT/bench.json: the environment (hardware, load, versions, commit), each benchmark's wall time
 and the CPU other work took meanwhile, the figures and every raw result. A benchmark that fails
 is reported in the table and the JSON, the others still run, and the exit status is 1. With the
-default --out, docs/results.md and the README's Results table are regenerated from it last
+default --out, docs/results.md is regenerated from it last
 (tests/benchmarks/results_page.py). Full mode takes the learning benchmark's time (4 arms x 5
 seeds on the modelled cost profile, each run until it reaches its target, ~2.5 hours: see its docstring;
 `python -m tests.benchmarks.learning --profile plain` runs the plain one) plus ~32 minutes, 12 of
@@ -74,7 +74,7 @@ def main() -> int:
                             "figures": [asdict(f) for f in figures], "results": results})
     print(f"total {wall / 60:.1f} min; wrote {out}")
     if Path(args.out).resolve() == (report.ROOT / "bench_results").resolve():   # the default: the docs follow
-        results_page.write(Path(args.out), report.ROOT / "README.md", report.ROOT / "docs")
+        results_page.write(Path(args.out), report.ROOT / "docs")
     return 1 if any("error" in r for r in results.values()) else 0
 
 
