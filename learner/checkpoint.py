@@ -100,15 +100,15 @@ def save(engine, run_dir, step: int, client_state: dict, keep_last: int = 3, fin
     """
     import torch.distributed as dist
 
+    from asyncvla.learner.collectives import from_rank0, gather
     rank, world = dist.get_rank(), dist.get_world_size()
     root = Path(run_dir) / CHECKPOINTS
     tag = tag_name(step)
     tag_dir = root / tag
     t0 = time.perf_counter()
-    setup = [_prepare(root, tag_dir, keep_last) if rank == 0 else None]
-    dist.broadcast_object_list(setup, src=0)       # all go into DeepSpeed's collective save, or none
-    if setup[0] is not None:
-        return _failed(tag_dir, rank, setup[0], final)
+    problem = from_rank0(_prepare(root, tag_dir, keep_last) if rank == 0 else None)
+    if problem is not None:                        # all go into DeepSpeed's collective save, or none
+        return _failed(tag_dir, rank, problem, final)
 
     errors: list[str] = []
     with _write_errors_kept(engine, errors):
@@ -122,15 +122,10 @@ def save(engine, run_dir, step: int, client_state: dict, keep_last: int = 3, fin
                 _fsync(tag_dir / name)   # on disk before the marker can claim they are
         except OSError as e:
             written = _first_line(e)
-    reports = [None] * world
-    dist.all_gather_object(reports, written)       # every rank's files, or why it has none
-
-    verdict = [None]
-    if rank == 0:
-        verdict[0] = _commit(engine, tag_dir, reports, step, world, keep_last)
-    dist.broadcast_object_list(verdict, src=0)
-    if verdict[0] is not None:
-        return _failed(tag_dir, rank, verdict[0], final)
+    reports = gather(written)                      # every rank's files, or why it has none
+    verdict = from_rank0(_commit(engine, tag_dir, reports, step, world, keep_last) if rank == 0 else None)
+    if verdict is not None:
+        return _failed(tag_dir, rank, verdict, final)
     log.info("checkpoint %s complete (%.2f s)", tag_dir, time.perf_counter() - t0)
     return tag_dir
 
@@ -249,10 +244,8 @@ def _rng_states(engine, rank: int, world: int) -> dict:
     own = rng_state()
     if engine.zero_optimization_partition_weights():
         return {rank: own}
-    import torch.distributed as dist
-    states = [None] * world
-    dist.all_gather_object(states, own)
-    return dict(enumerate(states))
+    from asyncvla.learner.collectives import gather
+    return dict(enumerate(gather(own)))
 
 
 def make_room(root: Path, keep: int) -> None:
@@ -520,11 +513,8 @@ def _agree(problem: str | None, refused: Path | None = None) -> None:
     """Raise CheckpointError on every rank when any rank has a problem (the first one's), so that
     all take the same branch (a collective: all ranks call it); with `refused`, the problem makes
     that checkpoint unusable, and the error names the one to resume from instead."""
-    import torch.distributed as dist
-
-    problems = [None] * dist.get_world_size()
-    dist.all_gather_object(problems, problem)
-    problem = next((p for p in problems if p), None)
+    from asyncvla.learner.collectives import first_problem
+    problem = first_problem(problem)
     if problem:
         raise CheckpointError(problem, refused, _earlier_complete(refused) if refused is not None else None)
 

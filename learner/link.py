@@ -30,6 +30,7 @@ from asyncvla.common.config import Config, to_dict, to_yaml
 from asyncvla.common.protocol import SegmentSpec
 from asyncvla.common.sockets import printable
 from asyncvla.common.trackers import open_trackers
+from asyncvla.learner.collectives import from_rank0, gather
 from asyncvla.learner.ingest import Inbox, PoisonCounts, rollout_plan
 from asyncvla.learner.metrics import Metrics
 from asyncvla.learner.starvation import Roster, StarvationWatch, wait_for_actors
@@ -49,7 +50,7 @@ class ActorLink:
             keep_freed_buffers()           # before the first segment: see common/allocator.py
         spec = SegmentSpec.for_policy(cfg, engine.module.head, engine.module.action_tokenizer)
         receiver = transport.TrajectoryReceiver(cfg.transport, rank, spec, auth_key=auth_key)
-        endpoints = _all_gather(receiver.endpoint)
+        endpoints = gather(receiver.endpoint)
         self.control = self.weights = None
         self._ended_mark = 0                # rank 0: registrations ended up to here are told to the others
         if rank == 0:
@@ -87,7 +88,7 @@ class ActorLink:
                                      samples=samples, device=self.device, time_up=time_up,
                                      rank0_only=self._server_figures())
         if report["system/poisoned_columns"]:
-            for actor in self.poison.add(a for ids in _all_gather(poisoned_by) for a in ids):
+            for actor in self.poison.add(a for ids in gather(poisoned_by) for a in ids):
                 self._ban(actor, step)
         return report
 
@@ -127,12 +128,12 @@ class ActorLink:
         if self.world == 1:
             return
         tokens = self.inbox.receiver.tokens
-        ended = [None]
+        ended = None
         if self.control:
-            ended[0], self._ended_mark = tokens.ended_after(self._ended_mark)
-        dist.broadcast_object_list(ended, src=0)
+            ended, self._ended_mark = tokens.ended_after(self._ended_mark)
+        ended = from_rank0(ended)
         if not self.control and tokens is not None:
-            tokens.end(*ended[0])
+            tokens.end(*ended)
 
     def _ban(self, actor: str, step: int) -> None:
         """Refuse from now on the segments (every rank) and requests (rank 0) of `actor`."""
@@ -166,10 +167,6 @@ def _token_key(cfg: Config) -> bytes | None:
     issued (a per-process key would leave ranks > 0 checking nothing)."""
     if cfg.transport.keys_dir:
         return None
-    return _all_gather(os.urandom(32) if dist.get_rank() == 0 else None)[0]
+    return from_rank0(os.urandom(32) if dist.get_rank() == 0 else None)
 
 
-def _all_gather(obj):
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out

@@ -41,7 +41,8 @@ from asyncvla.common.policy import build_policy, load_policy
 from asyncvla.common.rundir import CHECKPOINTS, run_dir as run_dir_of_config
 from asyncvla.common.signals import stop_on_signals
 from asyncvla.learner import checkpoint, engine as ds_engine
-from asyncvla.learner.link import ActorLink, _all_gather
+from asyncvla.learner.collectives import any_rank, gather
+from asyncvla.learner.link import ActorLink
 from asyncvla.learner.metrics import group
 from asyncvla.learner.publish import Publisher, trainable_finite
 from asyncvla.learner.run_state import Budget, Checkpointer, TrainState
@@ -237,15 +238,13 @@ def _unfit(engine, batch, cfg, device) -> str | None:
 
 def _weights_finite(engine, device) -> bool:
     """Every rank's part of the trainable weights is finite (a collective: all ranks call it)."""
-    t = torch.tensor([int(not trainable_finite(engine))], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return not bool(t.item())
+    return not any_rank(not trainable_finite(engine), device)
 
 
 def _check_writable(root: Path) -> None:
     """Stop at start-up, with the system's own reason, where this run could never save: every rank
     writes its shard of each checkpoint (all ranks agree, so none is left waiting)."""
-    problems = _all_gather(checkpoint.probe_writable(root))
+    problems = gather(checkpoint.probe_writable(root))
     bad = next(((r, p) for r, p in enumerate(problems) if p), None)
     if bad is not None:
         raise SystemExit(f"asyncvla learner: checkpoints cannot be written in {root} (rank {bad[0]}): {bad[1]}; "

@@ -19,8 +19,9 @@ import time
 from typing import Iterable, Iterator
 
 import torch
-import torch.distributed as dist
 from torch import nn
+
+from asyncvla.learner.collectives import any_rank
 
 # Gather at most this many elements at once: a full fine-tune of a large model must not be
 # materialised whole on every rank. LoRA + value head fit in one bucket.
@@ -188,9 +189,7 @@ class Publisher:
         first version: the initial weights, or a resumed run's EMA weights exactly as its
         checkpoint holds them. Initial weights that are not finite stop the run (every rank)."""
         self.server = server
-        bad = torch.tensor([int(not trainable_finite(model))], device=device)
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-        if bad.item():
+        if any_rank(not trainable_finite(model), device):
             raise SystemExit("asyncvla learner: the initial trainable weights are non-finite (policy.pretrained_path "
                              "or the checkpoint resumed from holds NaN or inf)")
         return self.republish(version, step) if resumed else self.publish(model, version, step)

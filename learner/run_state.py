@@ -15,12 +15,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from asyncvla.common.config import Config, to_dict
 from asyncvla.common.rundir import LEARNER_END, write_end
 from asyncvla.learner import checkpoint
+from asyncvla.learner.collectives import any_rank
 from asyncvla.learner.metrics import TargetWatch, write_accounting
 from asyncvla.learner.value_norm import ValueNorm
 
@@ -107,9 +107,7 @@ class Budget:
         return bool(lc.max_time_s) and time.perf_counter() - self.started >= lc.max_time_s
 
     def stopped(self) -> bool:
-        flag = torch.tensor([int(self.stop.is_set())], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        self.signalled = bool(flag.item())
+        self.signalled = any_rank(self.stop.is_set(), self.device)
         return self.signalled
 
     def spent(self, state: TrainState, report: dict | None = None) -> str | None:

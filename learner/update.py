@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from asyncvla.common.config import Config
 from asyncvla.common.policy import reduce_logprobs
 from asyncvla.common.protocol import OBS_FIELDS, final_field
+from asyncvla.learner.collectives import any_rank, max_over_ranks
 from asyncvla.learner.ingest import Batch
 from asyncvla.learner.loss import masked_mean_std, ppo_loss_from_config
 from asyncvla.learner.sft_data import random_shift
@@ -111,10 +111,7 @@ def step_verdict(losses_finite: bool, loss_text: str, grad_norm, device) -> tupl
     """(finite, what was not) of the optimizer step just taken, the same on every rank: the global
     gradient norm decides; where the engine keeps none, the ranks' loss checks do (one collective)."""
     if grad_norm is None:
-        flag = torch.tensor([0 if losses_finite else 1], device=device)
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        finite = not flag.item()
+        finite = not any_rank(not losses_finite, device)
     else:
         finite = math.isfinite(float(grad_norm))
     if finite:
@@ -133,11 +130,8 @@ def outputs_finite(engine, batch: Batch, cfg: Config, device) -> bool:
     obs = {k: a[k][0, rows] for k in OBS_FIELDS if k in a}
     out = engine(**_inputs(obs, {k: a[k][0, rows] for k in _replay_names(engine)}, device),
                  logprob_type=cfg.algorithm.logprob_type)
-    bad = torch.tensor([0 if bool(torch.isfinite(out.logprobs).all() and torch.isfinite(out.values).all())
-                        else 1], device=device)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    return not bad.item()
+    finite = bool(torch.isfinite(out.logprobs).all() and torch.isfinite(out.values).all())
+    return not any_rank(not finite, device)
 
 
 # ------------------------------------------------------------------------------------ targets
@@ -158,7 +152,7 @@ def compute_targets(engine, batch: Batch, cfg: Config, device, value_norm: Value
     obs = {k: _flat(a[k]) for k in OBS_FIELDS if k in a}                  # [(T+1)*N, ...]
     # (the last observation's actions: any valid ones, only V is used there; likewise for the finals)
     actions = {k: _flat(np.concatenate([a[k], a[k][-1:]])) for k in _replay_names(engine)}
-    n_final = _max_over_ranks(len(batch.final_index), device)
+    n_final = max_over_ranks(len(batch.final_index), device)
     if n_final:
         fin = _pad_rows({k: batch.finals[final_field(k)] for k in obs if final_field(k) in batch.finals},
                         n_final, like=obs)
@@ -323,9 +317,3 @@ def _pad_rows(arrays: dict, n: int, like: dict) -> dict:
     return out
 
 
-def _max_over_ranks(n: int, device) -> int:
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return n
-    t = torch.tensor([n], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
