@@ -699,7 +699,7 @@ def _check_placement(launch: "LaunchConfig") -> list[str]:
 def structural_keys(cls: type | None = None, exclude: Sequence[str] = ()) -> list[str]:
     """The dotted keys of the config dataclass `cls` (Config by default) declared structural=True
     (`opt`), relative to it, less those under `exclude`: the one declaration that a resumed run
-    (learner/checkpoint.py) and a saved policy loaded as policy.pretrained_path (VLAPolicy.build)
+    (learner/checkpoint/) and a saved policy loaded as policy.pretrained_path (VLAPolicy.build)
     are both checked against."""
     def keys(c, prefix):
         for f in dataclasses.fields(c):

@@ -3,7 +3,7 @@
     policy, cfg, source = load_policy(path)      # an export (policy.json) or a training checkpoint
     info = export_policy(checkpoint, out_dir)    # -> a directory VLAPolicy.from_pretrained loads
 
-A checkpoint (learner/checkpoint.py) holds the engine's ZeRO shards, written by every rank, and
+A checkpoint (learner/checkpoint/) holds the engine's ZeRO shards, written by every rank, and
 rank 0's client_state with the resolved config and the EMA of the published weights. The policy is
 rebuilt from the run's policy_init/ (or from the config when that folder is gone) and given
     weights="trained"  every parameter, consolidated to fp32 from the shards by DeepSpeed's own

@@ -7,6 +7,7 @@ be mounted), and each rank's random streams across a resume."""
 import collections
 import os
 import random
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -223,7 +224,7 @@ def test_make_room_deletes_ahead_only_when_the_next_save_would_not_fit(tmp_path,
     make_tag(root, 4, complete=False)
     size = sum(100 + i for i in range(len(FILES)))       # make_tag's bytes per tag
     free = {"bytes": 10 * size}
-    monkeypatch.setattr(ck.shutil, "disk_usage", lambda p: collections.namedtuple("U", "free")(free["bytes"]))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: collections.namedtuple("U", "free")(free["bytes"]))
     names = lambda: sorted(d.name for d in root.iterdir() if d.is_dir())    # noqa: E731
     ck.make_room(root, keep=3)
     assert names() == ["step_00000001", "step_00000002", "step_00000003", "step_00000004"]

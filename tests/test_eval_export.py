@@ -1,6 +1,6 @@
 """`asyncvla export` and `asyncvla eval` on real parts: a checkpoint written by 2 DeepSpeed ZeRO-3
 ranks (gloo on CPU, tests/ds_worker.py `policy`: a tiny VLA trained a few updates with EMA
-publishing, saved with learner/checkpoint.py), the pixel task, mp4 files decoded with imageio, and
+publishing, saved with learner/checkpoint/), the pixel task, mp4 files decoded with imageio, and
 the CLI in a child process for the error cases."""
 
 import json

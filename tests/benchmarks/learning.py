@@ -409,7 +409,7 @@ def evaluated_checkpoints(run_dir: Path, min_gap_s: float) -> list[Path]:
     last one). Wall time counts from the launcher's start, when it wrote launch_config.yaml."""
     from asyncvla.learner import checkpoint
 
-    tags = checkpoint._complete_tags(run_dir / checkpoint.CHECKPOINTS)          # noqa: SLF001
+    tags = checkpoint.complete_tags(run_dir / checkpoint.CHECKPOINTS)
     chosen, last_t = [], (run_dir / "launch_config.yaml").stat().st_mtime
     for i, tag in enumerate(tags):
         t = checkpoint.read_marker(tag)["saved_at"]
@@ -425,7 +425,7 @@ def prune_checkpoints(run_dir: Path, min_gap_s: float) -> None:
     from asyncvla.learner import checkpoint
 
     keep = set(evaluated_checkpoints(run_dir, min_gap_s))
-    for tag in checkpoint._complete_tags(run_dir / checkpoint.CHECKPOINTS):     # noqa: SLF001
+    for tag in checkpoint.complete_tags(run_dir / checkpoint.CHECKPOINTS):
         if tag not in keep:
             shutil.rmtree(tag)
 
