@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from asyncvla.common.config import ConfigError
+from asyncvla.common.errors import ConfigError
 
 CORES_ENV = "ASYNCVLA_CORES"          # the launcher hands a local actor its cores: "0,1"
 ALLOWED = "all, a core (3), a range (0-3) or a comma list of them (0-1,4,6-7)"

@@ -13,7 +13,7 @@ def add_parser(sub) -> None:
                                    "resolved configuration; --describe prints every key with its "
                                    "default, allowed values and meaning (with --markdown: as the page "
                                    "docs/configuration.md).")
-    p.add_argument("config", nargs="?", help="YAML file in the schema of common/config.py")
+    p.add_argument("config", nargs="?", help="YAML file in the schema of common/config/")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.num_envs=4")
     p.add_argument("--describe", action="store_true", help="print the configuration reference")
     p.add_argument("--markdown", action="store_true",

@@ -96,7 +96,7 @@ def test_readme_commands_run():
 def test_configuration_page_is_generated_from_the_schema():
     expected = describe(markdown=True)
     assert CONFIG_PAGE.read_text() == expected, \
-        f"docs/configuration.md differs from the schema (common/config.py); regenerate it: {REGENERATE}"
+        f"docs/configuration.md differs from the schema (common/config/); regenerate it: {REGENERATE}"
     proc = subprocess.run(["asyncvla", "config", "--describe", "--markdown"], cwd=REPO, env=_env(),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout == expected, proc.stderr

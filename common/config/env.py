@@ -1,0 +1,93 @@
+"""env: the environments actors run, and the checks on them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Optional
+
+from .fields import opt
+
+if TYPE_CHECKING:
+    from .schema import Config
+
+
+@dataclass
+class EnvConfig:
+    id: str = opt("PushCube-v1", "ManiSkill3 env id (e.g. PushCube-v1, PickCube-v1) or the built-in "
+                  "pixel task 'PixelReach-v0'")
+    instruction: Optional[str] = opt(None, "language instruction given to the policy; null takes the "
+                                     "built-in one for the task")
+    obs_mode: str = opt("rgb", "ManiSkill observation mode the wrapper reads images from",
+                        choices=["rgb", "rgbd"])
+    camera: str = opt("base_camera", "ManiSkill camera whose RGB image the policy sees")
+    camera_pose: Optional[List[float]] = opt(None, "where env.camera looks from and at: [eye x, y, z, target "
+                                             "x, y, z] in metres, world frame (ManiSkill's sensor_configs, "
+                                             "pose = look_at(eye, target)); null: the task's own")
+    camera_fov: Optional[float] = opt(None, "env.camera's field of view in radians; null: the task's own",
+                                      gt=0.0, lt=3.14)
+    render_size: Optional[int] = opt(None, "render env.camera at this square size in pixels, e.g. "
+                                     "policy.image_size: nothing to resize, and at 64 px 4x fewer pixels "
+                                     "than the default 128 to render on a CPU; null: the camera's own size, "
+                                     "resized to policy.image_size", ge=16, le=1024)
+    robot_visual: str = opt("mesh", "how the cameras draw the robot: mesh (its visual meshes, ~135 k "
+                            "triangles for the Panda) or hull (its convex collision hulls, ~2 k: the same "
+                            "shape, faceted; a 64 px frame on the software renderer ~4x cheaper, "
+                            "actors/envs/robot_hulls.py)", choices=["mesh", "hull"])
+    robot_uids: Optional[str] = opt(None, "ManiSkill robot to load (gym.make's robot_uids), e.g. "
+                                    "panda_wristcam: the Panda with a camera on its hand "
+                                    "(env.camera: hand_camera); null: the task's own")
+    use_proprio: bool = opt(False, "also give the policy the robot's proprioceptive state")
+    control_mode: str = opt("pd_ee_delta_pose", "ManiSkill controller; pd_ee_delta_pose is 7-D like OpenVLA")
+    reward_mode: str = opt("normalized_dense", "ManiSkill reward mode; a dense one with episodes that "
+                           "end at success pays a policy to avoid success (pair it with "
+                           "ignore_terminations, or use sparse)", choices=["sparse", "dense", "normalized_dense"])
+    sim_backend: str = opt("physx_cpu", "physics backend: physx_cpu (one process per env) or "
+                           "physx_cuda (all envs batched on the GPU)", choices=["physx_cpu", "physx_cuda"])
+    render_backend: str = opt("cpu", "renderer device: cpu (software Vulkan) or gpu",
+                              choices=["cpu", "gpu"])
+    max_episode_steps: Optional[int] = opt(None, "episode time limit in env steps; null keeps the "
+                                           "task's own", ge=1)
+    auto_reset: bool = opt(True, "reset an env as soon as its episode ends (training needs this)")
+    ignore_terminations: bool = opt(False, "never end an episode on success/failure, only on the time limit")
+    seed: int = opt(0, "base seed; actor a seeds its envs with seed + 1000*a, and the k-th episode "
+                    "of its env i starts from a seed derived from (that seed, i, k)", ge=0)
+    sim_latency_ms: float = opt(0.0, "a modelled simulator on other hardware: each env step of an actor's "
+                                "env batch takes at least this many ms of wall time, slept without holding a "
+                                "core (actors only; see actors/envs/latency.py). 0: the env's own speed",
+                                ge=0.0)
+    use_fixed_reset_state_ids: bool = opt(False, "reset to a fixed sequence of initial states: every "
+                                          "reset() starts the sequence over (reproducible evaluation)")
+    replay_failed_starts: float = opt(0.0, "training only: the probability that an env's next episode "
+                                      "starts from the initial state of a recent unsolved episode (each "
+                                      "replayed until solved, at most 3 times) instead of a fresh one, so "
+                                      "the starts the policy fails train more often; 0: always fresh "
+                                      "(actors/envs/base.py ResetSeeds)", ge=0.0, le=1.0)
+
+
+def check_camera(env: "EnvConfig") -> list[str]:
+    pose = env.camera_pose
+    if pose is None:
+        return []
+    if len(pose) != 6 or not all(math.isfinite(v) for v in pose):
+        return [f"env.camera_pose={list(pose)} must have 6 finite values: eye x, y, z and target x, y, z "
+                "(metres)"]
+    if all(abs(a - b) < 1e-6 for a, b in zip(pose[:3], pose[3:])):
+        return [f"env.camera_pose={list(pose)}: the eye and the target are the same point"]
+    return []
+
+
+def check_replay(config: "Config") -> list[str]:
+    """Replayed starts are restored from their seeds, one training episode at a time."""
+    p = config.env.replay_failed_starts
+    if not p:
+        return []
+    if config.env.use_fixed_reset_state_ids:
+        why = "env.use_fixed_reset_state_ids=true: fixed initial states are for evaluation"
+    elif config.algorithm.adv_type == "grpo":
+        why = "algorithm.adv_type=grpo: its groups already repeat each start"
+    elif config.env.sim_backend == "physx_cuda":
+        why = "env.sim_backend=physx_cuda: the batched simulator's partial resets do not take seeds"
+    else:
+        return []
+    return [f"env.replay_failed_starts={p} cannot be used with {why}; set it to 0"]

@@ -1,0 +1,126 @@
+"""Loading a config: schema defaults <- YAML file <- dotted overrides, validated, with errors that name the key; and the conversions to and from plain data."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from typing import Any, List, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .fields import ConfigError
+from .schema import Config, validate
+
+
+# Keys older versions wrote that no longer exist; configs saved with them (run directories,
+# checkpoints) still load, the key dropped.
+RETIRED_KEYS = ("logging.log_interval_s",)
+
+
+def drop_retired(src):
+    for key in RETIRED_KEYS:
+        section, name = key.split(".")
+        if isinstance(src, (dict, DictConfig)) and isinstance(src.get(section), (dict, DictConfig)) \
+                and name in src[section]:
+            src[section].pop(name)
+    return src
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Schema defaults <- YAML file <- dotted overrides, validated. Returns a typed `Config`."""
+    cfg = OmegaConf.structured(Config)
+    sources = []
+    if path is not None:
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file '{path}' does not exist")
+        try:
+            sources.append((str(path), drop_retired(OmegaConf.load(path))))
+        except Exception as e:  # YAML syntax errors
+            raise ConfigError(f"config file '{path}' is not valid YAML: {_yaml_problem(e)}") from None
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value (e.g. actor.num_envs=4)")
+        sources.append((f"override '{item}'", OmegaConf.from_dotlist([item])))
+    for where, src in sources:
+        if not isinstance(src, DictConfig):
+            raise ConfigError(f"{where}: expected a mapping of sections, got {type(src).__name__}")
+        try:
+            cfg = OmegaConf.merge(cfg, src)
+        except OmegaConfBaseException as e:
+            raise ConfigError(explain(e, where)) from None
+    config: Config = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    validate(config)
+    return config
+
+
+def _yaml_problem(e: Exception) -> str:
+    """One line of a YAML parser error: where (line, column: 1-based) and what it found. PyYAML's
+    own text spans several lines ("while parsing ... in FILE, line L ... found ...")."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is None or not problem:
+        return " ".join(str(e).split())
+    context = getattr(e, "context", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
+
+
+def explain(e: OmegaConfBaseException, where: str) -> str:
+    """Turn an OmegaConf merge error into: which key, which value, what is allowed."""
+    key = getattr(e, "full_key", None) or "?"
+    msg = str(e).splitlines()[0]
+    if type(e).__name__ in ("ConfigKeyError", "ConfigAttributeError", "KeyValidationError"):
+        parent, _, leaf = key.rpartition(".")
+        allowed = section_keys(parent)
+        hint = difflib.get_close_matches(leaf, allowed, n=1)
+        did_you_mean = f" (did you mean '{parent + '.' if parent else ''}{hint[0]}'?)" if hint else ""
+        return (f"{where}: unknown key '{key}'{did_you_mean}; allowed keys in "
+                f"'{parent or '<top level>'}': {', '.join(allowed)}")
+    value = getattr(e, "value", None) if hasattr(e, "value") else None
+    expected = field_type(key)
+    return (f"{where}: bad value for '{key}'" + (f": {value!r}" if value is not None else "")
+            + (f"; expected {expected}" if expected else "") + f" ({msg})")
+
+
+def section_keys(dotted: str) -> list[str]:
+    node: Any = Config()
+    for part in [p for p in dotted.split(".") if p]:
+        node = getattr(node, part, None)
+    return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
+
+
+def field_type(dotted: str) -> str:
+    parent, _, leaf = dotted.rpartition(".")
+    node: Any = Config()
+    for part in [p for p in parent.split(".") if p]:
+        node = getattr(node, part, None)
+    if dataclasses.is_dataclass(node):
+        for f in dataclasses.fields(node):
+            if f.name == leaf:
+                return str(f.type).replace("typing.", "")
+    return ""
+
+
+def to_dict(config: Config) -> dict:
+    """Plain nested dict (for checkpoints, the control channel, tensorboard text)."""
+    return dataclasses.asdict(config)
+
+
+def from_dict(data: dict) -> Config:
+    """Inverse of `to_dict`, validated (used by actors that receive their config from the learner)."""
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), drop_retired(OmegaConf.create(data)))
+    except OmegaConfBaseException as e:
+        raise ConfigError(explain(e, "received config")) from None
+    config: Config = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    validate(config, on_this_machine=False)    # (an actor's welcome, a checkpoint: another machine's cores)
+    return config
+
+
+def to_yaml(config: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def parse_overrides(items: List[str]) -> List[str]:
+    """Accept `key=value` and `--key=value` forms from a command line."""
+    return [i[2:] if i.startswith("--") else i for i in items]
