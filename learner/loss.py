@@ -47,20 +47,10 @@ def ppo_loss(new_logp: torch.Tensor, behavior_logp: torch.Tensor, advantages: to
 
     new_logp, values, entropy: from π_θ (with gradient). behavior_logp: log μ of the actor.
     advantages, value_targets, rhos: `vtrace`'s pg_advantages, vs, rhos. old_values: V of the
-    policy that computed the targets (centre of value clipping).
-
-    Policy: ratio r = π_θ/μ; per element max(−A·r, −A·clip(r, 1±ratio_clip_eps)). Dual clip
-    (clip_ratio_c = c > 1): where A < 0 that is further capped at −c·A, so a huge ratio on a bad
-    action cannot blow up the loss. Advantages are first normalised (mean 0, std 1 over the
-    elements passed in, or with `advantage_stats` = (mean, std) of a larger batch when the loss
-    is called per micro batch), then multiplied by advantage_scale.
-    Decoupled (policy_loss_type="decoupled", prox_logp = log π_prox, same shape as new_logp): the
-    ratio is r = π_θ/π_prox, and each element's clipped term is multiplied by the behaviour weight
-    w = π_prox/μ, or by 0 where w > behave_weight_threshold (masked, not truncated: an element whose
-    probability moved that far since it was sampled says little about π_θ, and a truncated weight
-    would still push on it). The loss stays the mean over all elements.
-    Value: 0.5·(V − v_s)² ("mse") or Huber with huber_delta (equal to mse for |V − v_s| ≤ delta).
-    With value_clip, as in PPO2: max(loss(V), loss(V_old + clip(V − V_old, ±value_clip))).
+    policy that computed the targets (centre of value clipping). The policy term is
+    `clipped_surrogate`'s, on advantages first normalised (mean 0, std 1 over the elements passed
+    in, or with `advantage_stats` = (mean, std) of a larger batch when the loss is called per micro
+    batch), then multiplied by advantage_scale; the value term is `_value_loss`'s.
     mask (shape S, 0/1): only the steps it keeps count, in every mean and in the advantages' own
     normalisation; with none kept the loss is 0 (and still carries a graph). The masked steps'
     inputs must be finite (0 times NaN is NaN).
@@ -74,9 +64,9 @@ def ppo_loss(new_logp: torch.Tensor, behavior_logp: torch.Tensor, advantages: to
     if decoupled and (prox_logp is None or prox_logp.shape != new_logp.shape):
         raise ValueError(f"ppo_loss: the decoupled loss needs prox_logp shaped like new_logp "
                          f"{tuple(new_logp.shape)}, got {None if prox_logp is None else tuple(prox_logp.shape)}")
-
     if mask is not None and mask.shape != advantages.shape:
         raise ValueError(f"ppo_loss: mask {tuple(mask.shape)} must match advantages {tuple(advantages.shape)}")
+
     keep = torch.ones_like(advantages) if mask is None else mask.detach().to(advantages.dtype)
     adv = advantages.detach()
     if normalize_advantages:
@@ -89,48 +79,69 @@ def ppo_loss(new_logp: torch.Tensor, behavior_logp: torch.Tensor, advantages: to
     kept = keep.unsqueeze(-1).expand_as(new_logp) if per_part else keep       # per element
     entropy_keep = keep.unsqueeze(-1).expand_as(entropy) if entropy.dim() == keep.dim() + 1 else keep
 
-    anchor = prox_logp.detach() if decoupled else behavior_logp.detach()
+    pg, ratio, log_ratio, behaviour = clipped_surrogate(
+        new_logp, behavior_logp, adv, ratio_clip_eps, clip_ratio_c,
+        prox_logp if decoupled else None, behave_weight_threshold)
+    policy_loss = _mean(pg, kept)
+    value_loss = _value_loss(values, old_values.detach(), value_targets.detach(), value_loss_type,
+                             huber_delta, value_clip, keep)
+    entropy_mean = _mean(entropy, entropy_keep)
+    loss = policy_loss + value_loss_coef * value_loss - entropy_bonus * entropy_mean
+    with torch.no_grad():
+        stats = {"policy_loss": policy_loss.item(), "value_loss": value_loss.item(), "entropy": entropy_mean.item(),
+                 **_ratio_stats(ratio, log_ratio, kept if mask is not None else None, ratio_clip_eps),
+                 **_target_stats(rhos, rho_bar, value_targets, values, keep)}
+        if behaviour is not None:    # how far the data's behaviour policy is from π_prox, and what was masked
+            w, log_w, in_weight = behaviour
+            stats["behav_approx_kl"] = _mean(((w - 1) - log_w).detach(), kept).item()
+            stats["behav_clip_fraction"] = _mean((~in_weight).float(), kept).item()
+    return loss, stats
+
+
+def clipped_surrogate(new_logp, behavior_logp, adv, ratio_clip_eps: float, clip_ratio_c: Optional[float],
+                      prox_logp: Optional[torch.Tensor] = None, behave_weight_threshold: float = 2.0):
+    """PPO's clipped policy term per element, and (ratio, log ratio, behaviour weights or None).
+
+    Ratio r = π_θ/μ; per element max(−A·r, −A·clip(r, 1±ratio_clip_eps)). Dual clip
+    (clip_ratio_c = c > 1): where A < 0 that is further capped at −c·A, so a huge ratio on a bad
+    action cannot blow up the loss. Decoupled (prox_logp = log π_prox, shaped as new_logp): the
+    ratio is r = π_θ/π_prox, and each element's clipped term is multiplied by the behaviour weight
+    w = π_prox/μ, or by 0 where w > behave_weight_threshold (masked, not truncated: an element whose
+    probability moved that far since it was sampled says little about π_θ, and a truncated weight
+    would still push on it); the behaviour weights come back as (w, log w, w ≤ threshold)."""
+    anchor = behavior_logp.detach() if prox_logp is None else prox_logp.detach()
     log_ratio = (new_logp - anchor).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
     pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - ratio_clip_eps, 1.0 + ratio_clip_eps))
     if clip_ratio_c is not None:
         pg = torch.where(adv < 0, torch.minimum(pg, -clip_ratio_c * adv), pg)
-    if decoupled:
-        log_w = (prox_logp.detach() - behavior_logp.detach()).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-        w = torch.exp(log_w)
-        in_weight = w <= behave_weight_threshold
-        pg = torch.where(in_weight, w * pg, torch.zeros_like(pg))
-    policy_loss = _mean(pg, kept)
+    if prox_logp is None:
+        return pg, ratio, log_ratio, None
+    log_w = (prox_logp.detach() - behavior_logp.detach()).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    w = torch.exp(log_w)
+    in_weight = w <= behave_weight_threshold
+    return torch.where(in_weight, w * pg, torch.zeros_like(pg)), ratio, log_ratio, (w, log_w, in_weight)
 
-    value_loss = _value_loss(values, old_values.detach(), value_targets.detach(), value_loss_type,
-                             huber_delta, value_clip, keep)
-    entropy_mean = _mean(entropy, entropy_keep)
-    loss = policy_loss + value_loss_coef * value_loss - entropy_bonus * entropy_mean
 
-    with torch.no_grad():
-        k64 = keep.double()
-        vt = value_targets.detach().double()
-        var_vs = masked_mean_std(vt, k64)[1] ** 2
-        kept_ratio = ratio.detach()[kept.bool()] if mask is not None else ratio.detach()
-        kept_log_ratio = log_ratio.detach()[kept.bool()] if mask is not None else log_ratio.detach()
-        stats = {
-            "policy_loss": policy_loss.item(),
-            "value_loss": value_loss.item(),
-            "entropy": entropy_mean.item(),
-            "approx_kl": _mean_or_nan((kept_ratio - 1) - kept_log_ratio),         # k3 estimator of KL(μ‖π)
-            "clip_fraction": _mean_or_nan(((kept_ratio - 1).abs() > ratio_clip_eps).float()),
-            "ratio_mean": _mean_or_nan(kept_ratio),
-            "ratio_max": kept_ratio.max().item() if kept_ratio.numel() else 1.0,
-            "rho_mean": _mean(rhos.double(), k64).item(),
+def _ratio_stats(ratio, log_ratio, kept: Optional[torch.Tensor], ratio_clip_eps: float) -> dict:
+    """How far π_θ moved from the anchor, over the kept elements (all when `kept` is None)."""
+    r = ratio.detach()[kept.bool()] if kept is not None else ratio.detach()
+    lr = log_ratio.detach()[kept.bool()] if kept is not None else log_ratio.detach()
+    return {"approx_kl": _mean_or_nan((r - 1) - lr),                # k3 estimator of KL(μ‖π)
+            "clip_fraction": _mean_or_nan(((r - 1).abs() > ratio_clip_eps).float()),
+            "ratio_mean": _mean_or_nan(r),
+            "ratio_max": r.max().item() if r.numel() else 1.0}
+
+
+def _target_stats(rhos, rho_bar: float, value_targets, values, keep) -> dict:
+    """V-trace's importance weights, and how much of the targets' variance the critic explains
+    (1 − Var[v_s − V]/Var[v_s]: 1 perfect, 0 no better than a constant; nan if v_s is constant)."""
+    k64, vt = keep.double(), value_targets.detach().double()
+    var_vs = masked_mean_std(vt, k64)[1] ** 2
+    return {"rho_mean": _mean(rhos.double(), k64).item(),
             "rho_clipped_fraction": _mean((rhos > rho_bar).double(), k64).item(),
-            # 1 − Var[v_s − V]/Var[v_s]: 1 perfect, 0 no better than a constant; nan if v_s is constant
             "explained_variance": (1.0 - masked_mean_std(vt - values.detach().double(), k64)[1] ** 2 / var_vs).item()
-            if var_vs > 0 else math.nan,
-        }
-        if decoupled:    # how far the data's behaviour policy is from π_prox, and what was masked
-            stats["behav_approx_kl"] = _mean(((w - 1) - log_w).detach(), kept).item()
-            stats["behav_clip_fraction"] = _mean((~in_weight).float(), kept).item()
-    return loss, stats
+            if var_vs > 0 else math.nan}
 
 
 def masked_mean_std(x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,6 +174,8 @@ def ppo_loss_from_config(alg, **tensors) -> tuple[torch.Tensor, dict]:
 
 
 def _value_loss(values, old_values, targets, kind, huber_delta, value_clip, keep) -> torch.Tensor:
+    """0.5·(V − v_s)² ("mse") or Huber with huber_delta (equal to mse for |V − v_s| ≤ delta), over
+    the kept steps. With value_clip, as in PPO2: max(loss(V), loss(V_old + clip(V − V_old, ±value_clip)))."""
     def per_element(v):
         if kind == "huber":
             return F.huber_loss(v, targets, reduction="none", delta=huber_delta)
