@@ -146,46 +146,12 @@ def compute_targets(engine, batch: Batch, cfg: Config, device, value_norm: Value
     a = batch.arrays
     T, N = a["terminated"].shape[:2]
     level = cfg.algorithm.logprob_type
-    K, D = cfg.policy.num_action_chunks, cfg.policy.action_dim
-
-    # π_θ on all T+1 observations (the last only for its value) and on the truncation finals.
-    obs = {k: _flat(a[k]) for k in OBS_FIELDS if k in a}                  # [(T+1)*N, ...]
-    # (the last observation's actions: any valid ones, only V is used there; likewise for the finals)
-    actions = {k: _flat(np.concatenate([a[k], a[k][-1:]])) for k in _replay_names(engine)}
-    n_final = max_over_ranks(len(batch.final_index), device)
-    if n_final:
-        fin = _pad_rows({k: batch.finals[final_field(k)] for k in obs if final_field(k) in batch.finals},
-                        n_final, like=obs)
-        obs = {k: np.concatenate([obs[k], fin[k]]) for k in obs}
-        actions = {k: np.concatenate([v, np.repeat(v[:1], n_final, axis=0)]) for k, v in actions.items()}
-    logp, values = [], []
-    for sl in _chunks(len(obs["image"]), cfg.learner.micro_batch_size):
-        out = engine(**_inputs({k: v[sl] for k, v in obs.items()}, {k: v[sl] for k, v in actions.items()}, device),
-                     logprob_type=level)
-        logp.append(out.logprobs.float())
-        values.append(out.values.float())
-    logp, values = torch.cat(logp), torch.cat(values)
-    M = logp.shape[-1]
-    prox_logp = logp[: T * N].reshape(T, N, M)
-    v_all = values[: (T + 1) * N].reshape(T + 1, N)
-    final_values = values[(T + 1) * N:][: len(batch.final_index)]
+    prox_logp, v_all, final_values = _policy_outputs(engine, batch, cfg, device)
     if value_norm is not None:
         v_all, final_values = value_norm.denormalize(v_all), value_norm.denormalize(final_values)
-
-    behavior = reduce_logprobs(torch.from_numpy(a["behavior_logp"]).to(device), level, K, D)
-    rewards = torch.from_numpy(a["rewards"]).to(device).float()
-    gamma = step_discount(cfg)
-    if rewards.dim() == 3:   # action_level: per env step, discounted inside the chunk
-        rewards = chunk_rewards(rewards, cfg.algorithm.gamma)
-    terminated = torch.from_numpy(a["terminated"]).to(device)
-    truncated = torch.from_numpy(a["truncated"]).to(device)
-    # A truncated step bootstraps from V(final observation), never from the next episode's first
-    # observation (see learner/vtrace.py).
-    final_v = torch.zeros_like(rewards)
-    if len(batch.final_index):
-        t_idx, b_idx = torch.from_numpy(batch.final_index.T).to(device)
-        final_v[t_idx, b_idx] = final_values
-    rewards, discounts = bootstrap_truncated(rewards, gamma, terminated, truncated, final_v)
+    behavior = reduce_logprobs(torch.from_numpy(a["behavior_logp"]).to(device), level,
+                               cfg.policy.num_action_chunks, cfg.policy.action_dim)
+    rewards, discounts = _bootstrapped_rewards(batch, cfg, final_values, device)
 
     # Without the off-policy correction every importance weight is 1: the targets are λ-returns
     # and the advantages GAE's, as if the stale data came from the current policy.
@@ -208,6 +174,48 @@ def compute_targets(engine, batch: Batch, cfg: Config, device, value_norm: Value
         stats["rollout/group_steps_kept"] = float(mask.mean())
     return {"behavior_logp": behavior, "prox_logp": prox_logp, "old_values": old_values, "vs": vs,
             "advantages": advantages, "rhos": vt.rhos, "stats": stats, "finite_columns": finite, "mask": mask}
+
+
+def _policy_outputs(engine, batch: Batch, cfg: Config, device):
+    """π_θ's log-probs [T, N, M] of the steps taken, and its values on all T+1 observations [T+1, N]
+    (the last only for its value) and on the truncation finals [F], in micro-batches."""
+    a = batch.arrays
+    T, N = a["terminated"].shape[:2]
+    obs = {k: _flat(a[k]) for k in OBS_FIELDS if k in a}                  # [(T+1)*N, ...]
+    # (the last observation's actions: any valid ones, only V is used there; likewise for the finals)
+    actions = {k: _flat(np.concatenate([a[k], a[k][-1:]])) for k in _replay_names(engine)}
+    n_final = max_over_ranks(len(batch.final_index), device)
+    if n_final:
+        fin = _pad_rows({k: batch.finals[final_field(k)] for k in obs if final_field(k) in batch.finals},
+                        n_final, like=obs)
+        obs = {k: np.concatenate([obs[k], fin[k]]) for k in obs}
+        actions = {k: np.concatenate([v, np.repeat(v[:1], n_final, axis=0)]) for k, v in actions.items()}
+    logp, values = [], []
+    for sl in _chunks(len(obs["image"]), cfg.learner.micro_batch_size):
+        out = engine(**_inputs({k: v[sl] for k, v in obs.items()}, {k: v[sl] for k, v in actions.items()}, device),
+                     logprob_type=cfg.algorithm.logprob_type)
+        logp.append(out.logprobs.float())
+        values.append(out.values.float())
+    logp, values = torch.cat(logp), torch.cat(values)
+    return (logp[: T * N].reshape(T, N, logp.shape[-1]), values[: (T + 1) * N].reshape(T + 1, N),
+            values[(T + 1) * N:][: len(batch.final_index)])
+
+
+def _bootstrapped_rewards(batch: Batch, cfg: Config, final_values: torch.Tensor, device):
+    """(rewards, discounts) [T, N] per policy step: an action-level chunk's rewards discounted into
+    one, and a truncated step bootstrapping from V(final observation), never from the next
+    episode's first observation (see learner/vtrace.py)."""
+    a = batch.arrays
+    rewards = torch.from_numpy(a["rewards"]).to(device).float()
+    if rewards.dim() == 3:   # action_level: per env step, discounted inside the chunk
+        rewards = chunk_rewards(rewards, cfg.algorithm.gamma)
+    terminated = torch.from_numpy(a["terminated"]).to(device)
+    truncated = torch.from_numpy(a["truncated"]).to(device)
+    final_v = torch.zeros_like(rewards)
+    if len(batch.final_index):
+        t_idx, b_idx = torch.from_numpy(batch.final_index.T).to(device)
+        final_v[t_idx, b_idx] = final_values
+    return bootstrap_truncated(rewards, step_discount(cfg), terminated, truncated, final_v)
 
 
 def finite_columns(*per_step: torch.Tensor) -> torch.Tensor:
