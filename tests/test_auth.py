@@ -192,7 +192,7 @@ def test_a_registration_ends_with_a_bye_a_time_out_or_a_replacement():
     assert ledger.ended_after(0) == (["r1", "r3", "r4"], 3) and ledger.ended_after(2) == (["r4"], 3)
 
 
-def _rank_of_a_link(rank: int, port: int, failures) -> None:
+def _rank_of_a_link(rank: int, port: int, answers) -> None:
     """One of two gloo ranks running ActorLink's sharing of ended registrations on the state it
     reads: rank 0 holds the control server (here: which registrations ended), rank 1 an inbox."""
     import torch.distributed as dist
@@ -208,16 +208,13 @@ def _rank_of_a_link(rank: int, port: int, failures) -> None:
         if rank == 0:
             ledger.end("r1", "r2")
         ActorLink._share_ended_registrations(link)
-        seen = {r: ledger.check("a", "", t) for r, t in tokens.items()}
-        if seen != {"r1": "stale_token", "r2": "stale_token", "r3": None}:
-            failures.put((rank, "first update", seen))
+        first = {r: ledger.check("a", "", t) for r, t in tokens.items()}
         if rank == 0:
             ledger.end("r3")
         ActorLink._share_ended_registrations(link)
-        if ledger.check("a", "", tokens["r3"]) != "stale_token" or ledger.ended_after(0)[1] != 3:
-            failures.put((rank, "second update", ledger.ended_after(0)))
+        answers.put((rank, (first, ledger.check("a", "", tokens["r3"]), ledger.ended_after(0)[1])))
     except Exception as e:             # (reported, not lost in the child's stderr)
-        failures.put((rank, "raised", repr(e)))
+        answers.put((rank, repr(e)))
     finally:
         dist.destroy_process_group()
 
@@ -225,20 +222,9 @@ def _rank_of_a_link(rank: int, port: int, failures) -> None:
 def test_the_other_ranks_learn_each_update_which_registrations_rank_0_ended():
     """Ranks > 0 check tokens with a ledger of their own: at every update rank 0 tells them what
     its control server ended since the last one (a broadcast), and they refuse those tokens too."""
-    import multiprocessing as mp
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    failures = ctx.Queue()
-    ranks = [ctx.Process(target=_rank_of_a_link, args=(r, port, failures)) for r in (0, 1)]
-    for p in ranks:
-        p.start()
-    for p in ranks:
-        p.join(timeout=240)
-    assert [p.exitcode for p in ranks] == [0, 0]
-    assert failures.empty(), failures.get()
+    from tests.support.gloo import run_ranks
+    seen = ({"r1": "stale_token", "r2": "stale_token", "r3": None}, "stale_token", 3)   # after each update
+    assert run_ranks(_rank_of_a_link) == {0: seen, 1: seen}
 
 
 def test_a_heartbeat_or_bye_without_the_token_changes_nothing():

@@ -4,10 +4,8 @@ collective returns its own answer. Seconds."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import socket
-
 from asyncvla.learner import collectives
+from tests.support.gloo import run_ranks
 
 
 def _rank(rank: int, port: int, answers) -> None:
@@ -31,18 +29,7 @@ def _rank(rank: int, port: int, answers) -> None:
 
 
 def test_every_rank_gets_the_same_answer():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    answers = ctx.Queue()
-    ranks = [ctx.Process(target=_rank, args=(r, port, answers)) for r in (0, 1)]
-    for p in ranks:
-        p.start()
-    got = dict(answers.get(timeout=240) for _ in ranks)
-    for p in ranks:
-        p.join(timeout=60)
-    assert [p.exitcode for p in ranks] == [0, 0]
+    got = run_ranks(_rank)
     expected = {"any: rank 1 only": True, "any: none": False, "max": 7,
                 "gather": [{"rank": 0}, {"rank": 1}], "from rank 0": "decided by 0",
                 "first problem: rank 1's": "disk full", "first problem: both": "problem 0",
