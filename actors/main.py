@@ -51,89 +51,120 @@ def run(learner: str, actor_id: str | None = None, num_envs: int | None = None,
     if joined is None:
         return stop.exit_code()
     torch.set_num_threads(1)   # actors are many; one core each
-    cfg, policy, client, weights, welcome = joined.cfg, joined.policy, joined.client, joined.weights, joined.welcome
-    sender = transport.TrajectorySender(welcome["trajectory_endpoints"], cfg.transport,
-                                        backpressure=cfg.actor.backpressure)
     if actor_index is None:   # a standalone actor: seed apart from the others by its id
         actor_index = zlib.crc32(actor_id.encode()) % 100_000
-    seed = cfg.env.seed + 1000 * actor_index
-    outbox = make_outbox(cfg)           # GRPO: segments wait for their groups' returns (actors/outbox.py)
-    env = make_env(cfg.env, cfg.actor.num_envs, cfg.policy.image_size, cfg.policy.num_action_chunks,
-                   cfg.algorithm.reward_type, seed=seed, action_dim=cfg.policy.action_dim,
-                   group_size=cfg.algorithm.group_size if outbox.needs_slots else 1)
-    if cfg.env.sim_latency_ms > 0:
-        env = SimLatency(env, cfg.env.sim_latency_ms)
-    generator = torch.Generator(device=cfg.actor.device).manual_seed(cfg.actor.seed + seed)
-    tokenize = rollout.InstructionCache(policy)
-    # The learner's plan for this actor (learner/ingest.py rollout_plan): its share of an update,
-    # and how many sent segments may wait for a rank before it collects another.
-    per_version = welcome["rollout"]["segments_per_version"]
-    in_flight = welcome["rollout"]["max_segments_in_flight"]
-    log.info("actor %s: %d envs of %s, policy on %s; %d segments per version, at most %d in flight",
-             actor_id, env.num_envs, printable(cfg.env.id), printable(cfg.actor.device), per_version, in_flight)
-
-    version, state, seq, sent_at_version = -1, rollout.start(env), 0, 0
-    incarnation = int.from_bytes(os.urandom(7), "little")     # seqs restart with a restarted actor
-    restarts = client.restarts
+    actor = Actor(joined, actor_id, actor_index, stop)
     try:
-        while not stop.is_set() and not client.finished and (max_segments is None or seq < max_segments):
-            if client.error:                     # e.g. banned by the learner: nothing more to do here
-                raise transport.TransportError(f"learner at {learner}: {printable(client.error)}")
-            if client.restarts != restarts:
-                # The learner restarted (e.g. resumed from a checkpoint): its versions may be lower
-                # than ours, so take whatever it publishes next.
-                restarts, version = client.restarts, -1
-                plan = client.welcome["rollout"]           # the restarted learner's plan
-                per_version, in_flight = plan["segments_per_version"], plan["max_segments_in_flight"]
-                weights.reset()
-                sender.forget_in_flight()
-                log.info("actor %s: the learner restarted; rejoined, waiting for its weights", actor_id)
+        while not stop.is_set() and not actor.client.finished and (max_segments is None or actor.seq < max_segments):
+            if actor.client.error:               # e.g. banned by the learner: nothing more to do here
+                raise transport.TransportError(f"learner at {learner}: {printable(actor.client.error)}")
+            if actor.client.restarts != actor.restarts:
+                actor.rejoin()
             # Collect only when the learner has taken all but `in_flight` of what we sent (then
             # take the newest weights): a queued segment waits a whole update, and is one version
             # older when it is used.
-            if in_flight and not sender.wait_for_room(in_flight, timeout=1.0, stop=stop):
+            if actor.in_flight and not actor.sender.wait_for_room(actor.in_flight, timeout=1.0, stop=stop):
                 continue
-            # Swap weights only between segments, so a segment comes from one version.
-            if cfg.launch.sync and sent_at_version >= per_version:
-                new = weights.wait_newer(version, timeout=1.0)
-            else:
-                new = weights.poll_newest(newer_than=version) if version >= 0 else \
-                    weights.wait_newer(version, timeout=1.0)
-            if new is not None:
-                version, tensors = new
-                policy.load_trainable_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()})
-                sent_at_version = 0
-            if version < 0 or (cfg.launch.sync and sent_at_version >= per_version):
+            if not actor.take_weights():
                 continue
-            try:
-                arrays, info = rollout.collect_segment(env, policy, tokenize, state, cfg.actor.rollout_length,
-                                                       cfg.policy.temperature, generator, slots=outbox.needs_slots)
-            except Exception as e:                  # (a stop can end the env workers under it)
-                if not stop.is_set():
-                    raise
-                log.info("actor %s: stopped during a segment (%s)", actor_id, str(e).splitlines()[0])
-                break
-            meta = {"actor_id": actor_id, "incarnation": incarnation, "policy_version": version,
-                    "num_steps": cfg.actor.rollout_length, "num_envs": env.num_envs,
-                    "env_steps": info["env_steps"], "act_s": info["act_s"], "env_s": info["env_s"]}
-            if info["ep_replayed"]:     # env.replay_failed_starts: how many ended episodes were replays
-                meta.update(ep_replayed=info["ep_replayed"], ep_replayed_success=info["ep_replayed_success"])
-            sent_all = True
-            for meta, arrays in outbox.add(meta, arrays, info):
-                meta.update(seq=seq, token=client.token)    # the newest welcome's token: a rejoin renews it
-                sent_all = sender.send(transport.Segment(meta=meta, arrays=arrays), stop=stop)
-                if not sent_all:
-                    break
-                if seq == 0:
-                    log.info("actor %s: first segment sent (policy version %d)", actor_id, meta["policy_version"])
-                seq += 1
-                sent_at_version += 1
-            if not sent_all:
+            segment = actor.collect()
+            if segment is None or not actor.send(*segment):
                 break
     finally:
-        env.close()
-        sender.close()
+        actor.close()
         joined.close()
-    log.info("actor %s: stopped after %d segments (%d dropped)%s", actor_id, seq, sender.dropped,
+    log.info("actor %s: stopped after %d segments (%d dropped)%s", actor_id, actor.seq, actor.sender.dropped,
              f" by signal {stop.signum}" if stop.is_set() else "")
     return stop.exit_code()
+
+
+class Actor:
+    """What an actor holds between segments: its envs and their state, the policy and the version of
+    the weights it acts with, the learner's plan for it, and the segments it has sent."""
+
+    def __init__(self, joined, actor_id: str, actor_index: int, stop):
+        cfg, welcome = joined.cfg, joined.welcome
+        self.cfg, self.policy, self.client, self.weights = cfg, joined.policy, joined.client, joined.weights
+        self.actor_id, self.stop = actor_id, stop
+        self.sender = transport.TrajectorySender(welcome["trajectory_endpoints"], cfg.transport,
+                                                 backpressure=cfg.actor.backpressure)
+        seed = cfg.env.seed + 1000 * actor_index
+        self.outbox = make_outbox(cfg)      # GRPO: segments wait for their groups' returns (actors/outbox.py)
+        self.env = make_env(cfg.env, cfg.actor.num_envs, cfg.policy.image_size, cfg.policy.num_action_chunks,
+                            cfg.algorithm.reward_type, seed=seed, action_dim=cfg.policy.action_dim,
+                            group_size=cfg.algorithm.group_size if self.outbox.needs_slots else 1)
+        if cfg.env.sim_latency_ms > 0:
+            self.env = SimLatency(self.env, cfg.env.sim_latency_ms)
+        self.generator = torch.Generator(device=cfg.actor.device).manual_seed(cfg.actor.seed + seed)
+        self.tokenize = rollout.InstructionCache(self.policy)
+        self._take_plan(welcome["rollout"])
+        log.info("actor %s: %d envs of %s, policy on %s; %d segments per version, at most %d in flight",
+                 actor_id, self.env.num_envs, printable(cfg.env.id), printable(cfg.actor.device),
+                 self.per_version, self.in_flight)
+        self.version, self.state, self.seq, self.sent_at_version = -1, rollout.start(self.env), 0, 0
+        self.incarnation = int.from_bytes(os.urandom(7), "little")     # seqs restart with a restarted actor
+        self.restarts = self.client.restarts
+
+    def _take_plan(self, plan: dict) -> None:
+        """The learner's plan for this actor (learner/ingest.py rollout_plan): its share of an update,
+        and how many sent segments may wait for a rank before it collects another."""
+        self.per_version, self.in_flight = plan["segments_per_version"], plan["max_segments_in_flight"]
+
+    def rejoin(self) -> None:
+        """The learner restarted (e.g. resumed from a checkpoint): its versions may be lower than
+        ours, so take whatever it publishes next, under its new plan."""
+        self.restarts, self.version = self.client.restarts, -1
+        self._take_plan(self.client.welcome["rollout"])
+        self.weights.reset()
+        self.sender.forget_in_flight()
+        log.info("actor %s: the learner restarted; rejoined, waiting for its weights", self.actor_id)
+
+    def take_weights(self) -> bool:
+        """Load the newest published weights (in --sync mode, once this version's share is sent: a
+        newer one), only between segments, so that a segment comes from one version. False: none
+        to act with yet."""
+        sync_done = self.cfg.launch.sync and self.sent_at_version >= self.per_version
+        if sync_done or self.version < 0:
+            new = self.weights.wait_newer(self.version, timeout=1.0)
+        else:
+            new = self.weights.poll_newest(newer_than=self.version)
+        if new is not None:
+            self.version, tensors = new
+            self.policy.load_trainable_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()})
+            self.sent_at_version = 0
+        return self.version >= 0 and not (self.cfg.launch.sync and self.sent_at_version >= self.per_version)
+
+    def collect(self):
+        """(meta, arrays, info) of one segment of every env, or None when a stop ended the envs under it."""
+        cfg = self.cfg
+        try:
+            arrays, info = rollout.collect_segment(self.env, self.policy, self.tokenize, self.state,
+                                                   cfg.actor.rollout_length, cfg.policy.temperature,
+                                                   self.generator, slots=self.outbox.needs_slots)
+        except Exception as e:                  # (a stop can end the env workers under it)
+            if not self.stop.is_set():
+                raise
+            log.info("actor %s: stopped during a segment (%s)", self.actor_id, str(e).splitlines()[0])
+            return None
+        meta = {"actor_id": self.actor_id, "incarnation": self.incarnation, "policy_version": self.version,
+                "num_steps": cfg.actor.rollout_length, "num_envs": self.env.num_envs,
+                "env_steps": info["env_steps"], "act_s": info["act_s"], "env_s": info["env_s"]}
+        if info["ep_replayed"]:     # env.replay_failed_starts: how many ended episodes were replays
+            meta.update(ep_replayed=info["ep_replayed"], ep_replayed_success=info["ep_replayed_success"])
+        return meta, arrays, info
+
+    def send(self, meta: dict, arrays: dict, info: dict) -> bool:
+        """Send what the outbox releases (with V-trace: this segment); False when a stop cut it short."""
+        for meta, arrays in self.outbox.add(meta, arrays, info):
+            meta.update(seq=self.seq, token=self.client.token)    # the newest welcome's token: a rejoin renews it
+            if not self.sender.send(transport.Segment(meta=meta, arrays=arrays), stop=self.stop):
+                return False
+            if self.seq == 0:
+                log.info("actor %s: first segment sent (policy version %d)", self.actor_id, meta["policy_version"])
+            self.seq += 1
+            self.sent_at_version += 1
+        return True
+
+    def close(self) -> None:
+        self.env.close()
+        self.sender.close()
