@@ -115,46 +115,22 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
     default_instruction: for demo episodes that carry none (files from ManiSkill's tools)."""
     ds_engine.init_distributed(cfg)
     rank, world = dist.get_rank(), dist.get_world_size()
-    out = sft_dir(cfg)
-    sc = cfg.sft
+    out, sc = sft_dir(cfg), cfg.sft
     if sc.batch_size % world:
         raise ValueError(f"sft.batch_size={sc.batch_size} must be a multiple of the ranks ({world})")
-
     samples, data_range = load_samples(cfg, progress and rank == 0, default_instruction)
-    episodes = samples.num_episodes
-    train, val = split_by_episode(samples, episodes, sc.val_fraction, sc.seed)
-    log.info("%d demo episodes, %d steps: %d train / %d validation samples", episodes,
+    train, val = split_by_episode(samples, samples.num_episodes, sc.val_fraction, sc.seed)
+    log.info("%d demo episodes, %d steps: %d train / %d validation samples", samples.num_episodes,
              len(samples), len(train), len(val) if val is not None else 0)
 
     torch.manual_seed(sc.seed)
-    init_dir = out / "policy_init"
-    if rank == 0 and not (init_dir / "policy.json").exists():
-        policy_cfg = cfg.policy         # (a saved policy, policy.pretrained_path, keeps its own range)
-        if data_range is not None:
-            policy_cfg = dataclasses.replace(policy_cfg, action_low=data_range["low"], action_high=data_range["high"])
-            log.info("action range from the dataset's stats (%s): low %s high %s", data_range["source"],
-                     data_range["low"], data_range["high"])
-        elif sc.action_range == "q99":
-            low, high = action_range_q99(samples.actions[:, 0])
-            policy_cfg = dataclasses.replace(policy_cfg, action_low=low, action_high=high)
-            log.info("action range from the demos (q01 .. q99): low %s high %s", low, high)
-        build_policy(policy_cfg).save_pretrained(init_dir)
-    dist.barrier()
-    policy = load_policy(init_dir)
-    engine_cfg = _engine_config(cfg)
-    per_rank = sc.batch_size // world
+    init_dir = _initial_policy(cfg, samples, data_range, out / "policy_init", rank)
+    policy, engine_cfg, per_rank = load_policy(init_dir), _engine_config(cfg), sc.batch_size // world
     accum = -(-per_rank // engine_cfg.learner.micro_batch_size)
     engine = ds_engine.build_engine(policy, engine_cfg, gradient_accumulation_steps=accum)
     ids, mask = _tokenize(policy, train.instructions)          # rows of train, and of val below
     val_text = _tokenize(policy, val.instructions) if val is not None else (None, None)
-
-    step, history = 0, []
-    latest = checkpoint.find_latest(out) if (out / checkpoint.CHECKPOINTS).exists() else None
-    if latest is not None:
-        state = checkpoint.load(engine, latest)
-        step, history = int(state["step"]), list(state.get("history", []))
-        log.info("continuing SFT from %s (step %d)", latest, step)
-
+    step, history = _continue(engine, out)
     writer = open_trackers(cfg, out, "sft") if rank == 0 else None
     eval_policy = load_policy(init_dir) if rank == 0 else None
     rng = np.random.default_rng([sc.seed, step])
@@ -166,39 +142,80 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
         lr = ds_engine.group_lrs(engine)["policy"]              # (what this step runs at)
         stats = _train_step(engine, train, mine, ids, mask, cfg, accum, rng)
         step += 1
-        if writer is not None:
-            for k, v in stats.items():
-                writer.add_scalar(f"sft/train_{k}", v, step)
-            writer.add_scalar("sft/lr", lr, step)
-        bar.set_postfix_str(f"loss {stats['loss']:.3f}" + (f" acc {stats['token_accuracy']:.2f}"
-                                                              if "token_accuracy" in stats else ""))
-        bar.update(1)
+        _log_step(writer, bar, stats, lr, step)
         last = step == sc.steps
         if last or (sc.eval_interval and step % sc.eval_interval == 0):
             if evaluate is not None:       # (minutes on ManiSkill: say so rather than look stuck)
                 bar.set_description(f"sft: evaluating on {sc.eval_episodes} episodes", refresh=True)
             record = _evaluate(engine, eval_policy, val, *val_text, engine_cfg, step, evaluate)
-            bar.set_description("sft", refresh=False)
             record.update(step=step, wall_s=round(time.perf_counter() - t0, 1))
             history.append(record)
-            if writer is not None:
-                for k, v in record.items():
-                    if k not in ("step", "wall_s") and v is not None:
-                        writer.add_scalar(f"sft/{k}", v, step)
-                writer.flush()
-            bar.write(_format(record))
+            _log_record(writer, bar, record, step)
         if last or step % sc.save_interval == 0:
             checkpoint.save(engine, out, step, {"step": step, "config": to_dict(cfg), "history": history},
                             keep_last=1)
     bar.close()
+    return _finish(cfg, engine, eval_policy, writer, out, step, samples, data_range, history)
 
+
+def _initial_policy(cfg: Config, samples: SFTSamples, data_range: Optional[dict], init_dir: Path, rank: int) -> Path:
+    """RUN/sft/policy_init, built once by rank 0: a new policy bins actions over the dataset's stats'
+    range, or with sft.action_range q99 the demos' (a saved policy keeps its own range)."""
+    if rank == 0 and not (init_dir / "policy.json").exists():
+        policy_cfg = cfg.policy
+        if data_range is not None:
+            policy_cfg = dataclasses.replace(policy_cfg, action_low=data_range["low"], action_high=data_range["high"])
+            log.info("action range from the dataset's stats (%s): low %s high %s", data_range["source"],
+                     data_range["low"], data_range["high"])
+        elif cfg.sft.action_range == "q99":
+            low, high = action_range_q99(samples.actions[:, 0])
+            policy_cfg = dataclasses.replace(policy_cfg, action_low=low, action_high=high)
+            log.info("action range from the demos (q01 .. q99): low %s high %s", low, high)
+        build_policy(policy_cfg).save_pretrained(init_dir)
+    dist.barrier()
+    return init_dir
+
+
+def _continue(engine, out: Path) -> tuple[int, list]:
+    """(step, history) of the latest complete SFT checkpoint, loaded into `engine`; (0, []) without one."""
+    latest = checkpoint.find_latest(out) if (out / checkpoint.CHECKPOINTS).exists() else None
+    if latest is None:
+        return 0, []
+    state = checkpoint.load(engine, latest)
+    log.info("continuing SFT from %s (step %d)", latest, int(state["step"]))
+    return int(state["step"]), list(state.get("history", []))
+
+
+def _log_step(writer, bar, stats: dict, lr: float, step: int) -> None:
+    if writer is not None:
+        for k, v in stats.items():
+            writer.add_scalar(f"sft/train_{k}", v, step)
+        writer.add_scalar("sft/lr", lr, step)
+    bar.set_postfix_str(f"loss {stats['loss']:.3f}" + (f" acc {stats['token_accuracy']:.2f}"
+                                                          if "token_accuracy" in stats else ""))
+    bar.update(1)
+
+
+def _log_record(writer, bar, record: dict, step: int) -> None:
+    bar.set_description("sft", refresh=False)
+    if writer is not None:
+        for k, v in record.items():
+            if k not in ("step", "wall_s") and v is not None:
+                writer.add_scalar(f"sft/{k}", v, step)
+        writer.flush()
+    bar.write(_format(record))
+
+
+def _finish(cfg: Config, engine, eval_policy, writer, out: Path, step: int, samples: SFTSamples,
+            data_range: Optional[dict], history: list) -> Path:
+    """RUN/sft/policy (with the config `asyncvla eval` takes the env from) and summary.json, by rank 0."""
     policy_dir = out / POLICY_DIR
     weights = gather_trainable(engine)
-    if rank == 0:
+    if dist.get_rank() == 0:
         eval_policy.load_trainable_state_dict(weights)
         eval_policy.save_pretrained(policy_dir)
-        (policy_dir / "config.yaml").write_text(to_yaml(cfg))     # `asyncvla eval` takes the env from it
-        summary = {"steps": step, "demo_episodes": episodes, "demo_steps": len(samples),
+        (policy_dir / "config.yaml").write_text(to_yaml(cfg))
+        summary = {"steps": step, "demo_episodes": samples.num_episodes, "demo_steps": len(samples),
                    "history": history}
         if data_range is not None:
             summary["action_range"] = data_range
