@@ -93,6 +93,31 @@ def test_saved_and_loaded_it_acts_the_same_and_sft_trains_it(source, tmp_path):
     assert saved.spec == dataclasses.replace(policy.spec, vlm_model_name="../vlm")
 
 
+def test_a_cnn_critic_reads_the_image_and_is_saved_with_the_policy(source, tmp_path):
+    """policy.value_encoder cnn: the value head adds a CNN of the image (its shifted copy when the
+    learner passes value_image), trains it with the VLM frozen, and a saved policy keeps it."""
+    policy = SmolVLAPolicy.from_lerobot(source, policy_config(value_encoder="cnn"))
+    assert policy.value_head.encoder is not None
+    image, state = observation(2, seed=4)
+    ids, mask = policy.tokenize(["push the cube to the goal"] * 2)
+    with torch.no_grad():
+        policy.value_head.fc2.weight.normal_()          # (values that are not ~0 everywhere)
+    out = policy.act(image, ids, mask, state, generator=torch.Generator().manual_seed(0))
+    replay = out.replay
+    shifted = np.roll(image, 7, axis=1)
+    v = policy.evaluate(image, ids, mask, state, replay).values
+    v_shift = policy.evaluate(image, ids, mask, state, replay, value_image=shifted).values
+    np.testing.assert_allclose(v.detach().numpy(), out.values, atol=1e-5)
+    assert not torch.allclose(v, v_shift)                # the CNN reads the image it is given
+    v.sum().backward()
+    assert policy.value_head.encoder.proj.weight.grad.abs().sum() > 0
+    assert "value_head.encoder.proj.weight" in policy.trainable_state_dict()
+    policy.save_pretrained(tmp_path / "p")
+    again = SmolVLAPolicy.from_pretrained(tmp_path / "p")
+    np.testing.assert_array_equal(again.act(image, ids, mask, state, generator=torch.Generator().manual_seed(0)).values,
+                                  out.values)
+
+
 def test_the_runs_settings_must_fit_the_directory(source):
     with pytest.raises(LeRobotDirError, match=r"policy.action_dim=5 but its action has 4"):
         SmolVLAPolicy.from_lerobot(source, policy_config(action_dim=5))

@@ -7,7 +7,10 @@ step per sample (Flow-SDE, policy.flow.noise_level; flow_sampling.py), so that t
 score it again. The chain lives in SmolVLA's own space: chunk_size steps x max_action_dim entries,
 normalised. Only the entries the env executes count in the log-prob: the first
 policy.num_action_chunks steps of the first action_dim dimensions. The value head reads the VLM's
-last hidden state of the state token, the prefix token that sees every other.
+last hidden state of the state token, the prefix token that sees every other, and with
+policy.value_encoder cnn the image through a small CNN of its own (value_head.py says why: the
+expert reads every layer's keys and values, so the last hidden state may tell scenes apart
+poorly, all the more with the VLM frozen).
 
 What trains: the action expert, the state, action and time projections and the value head, and of
 the VLM (`vlm_training`): nothing with policy.flow.train_expert_only (LeRobot's train_expert_only),
@@ -123,7 +126,7 @@ class SmolVLAPolicy(nn.Module):
         width = self.net.state_proj.out_features
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.init_seed)
-            self.value_head = ValueHead(width, cfg.value_head_hidden, "none")
+            self.value_head = ValueHead(width, cfg.value_head_hidden, cfg.value_encoder)
         self.head = SmolVLAChain(cfg, self.spec.num_steps, self.spec.chunk_size, self.spec.max_action_dim)
         # (asyncvla's segment checks read the instruction vocabulary from here; a SmolVLA has no
         # action tokens, so its 2 "bins" are never used)
@@ -248,7 +251,7 @@ class SmolVLAPolicy(nn.Module):
 
     def evaluate(self, image, ids, mask, state, replay: dict, logprob_type: str = "token_level",
                  temperature: float | None = None, value_image=None) -> EvalOutput:
-        cache, pad, values = self._prefix(image, ids, mask, state)
+        cache, pad, values = self._prefix(image, ids, mask, state, value_image)
         b, k, d = cache[0][0].shape[0], self.cfg.num_action_chunks, self.spec.action_dim
         chain, stochastic = self._replay(replay, b)
         logp, entropy = chain_logprob(self.net.velocity, self.sampling, cache, pad, chain, stochastic)
@@ -359,12 +362,17 @@ class SmolVLAPolicy(nn.Module):
                                                     "policy": policy}, indent=2))
 
     # ---------------------------------------------------------------------------- internals
-    def _prefix(self, image, ids, mask, state):
-        """(every layer's keys and values, the prefix padding mask, values [B] fp32)."""
+    def _prefix(self, image, ids, mask, state, value_image=None):
+        """(every layer's keys and values, the prefix padding mask, values [B] fp32). `value_image`:
+        the critic's CNN reads it instead of `image` (algorithm.value_augment_shift's shifted one)."""
         pixels, ids, mask, state = self._inputs(image, ids, mask, state)
         present = torch.ones(pixels.shape[0], dtype=torch.bool, device=self.device)
         cache, pad, hidden = self.net.prefix([pixels], [present], ids, mask, state)
-        return cache, pad, self.value_head(hidden.float())
+        critic_image = None
+        if self.value_head.encoder is not None:
+            x = image if value_image is None else value_image
+            critic_image = (x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))).to(self.device)
+        return cache, pad, self.value_head(hidden.float(), critic_image)
 
     def _inputs(self, image, ids, mask, state):
         size = self.cfg.image_size
