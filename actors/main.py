@@ -21,11 +21,11 @@ import zlib
 import torch
 
 from asyncvla.actors import rollout
-from asyncvla.actors.outbox import make_outbox
 from asyncvla.actors.envs import make_env
 from asyncvla.actors.envs.latency import SimLatency
 from asyncvla.actors.join import join
 from asyncvla.common import placement, transport
+from asyncvla.common.advantages import make_estimator
 from asyncvla.common.config import TransportConfig
 from asyncvla.common.signals import stop_on_signals
 from asyncvla.common.sockets import printable
@@ -89,10 +89,11 @@ class Actor:
         self.sender = transport.TrajectorySender(welcome["trajectory_endpoints"], cfg.transport,
                                                  backpressure=cfg.actor.backpressure)
         seed = cfg.env.seed + 1000 * actor_index
-        self.outbox = make_outbox(cfg)      # GRPO: segments wait for their groups' returns (actors/outbox.py)
+        estimator = make_estimator(cfg.algorithm)
+        self.outbox = estimator.make_outbox()    # GRPO: segments wait for their groups' returns
         self.env = make_env(cfg.env, cfg.actor.num_envs, cfg.policy.image_size, cfg.policy.num_action_chunks,
                             cfg.algorithm.reward_type, seed=seed, action_dim=cfg.policy.action_dim,
-                            group_size=cfg.algorithm.group_size if self.outbox.needs_slots else 1)
+                            group_size=estimator.episodes_per_start)
         if cfg.env.sim_latency_ms > 0:
             self.env = SimLatency(self.env, cfg.env.sim_latency_ms)
         self.generator = torch.Generator(device=cfg.actor.device).manual_seed(cfg.actor.seed + seed)

@@ -44,7 +44,7 @@ def collect_segment(env, policy, tokenize: InstructionCache, state: RolloutState
                     temperature: float, generator=None, slots: bool = False) -> tuple[dict, dict]:
     """Run T policy steps; return (arrays named and typed as the segment schema and the policy
     head's replay fields, info). `state` is advanced in place. With `slots` (groups of episodes:
-    actors/outbox.py) info also holds each step's episode slot ("slots" int64 [T, B]), the
+    common/advantages/grpo.py) info also holds each step's episode slot ("slots" int64 [T, B]), the
     return of each episode that ended ("ended": {slot: return}) and the slots still running
     ("running" [B])."""
     obs_seq, episodes, step_slots, ended = [], [], [], {}

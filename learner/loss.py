@@ -26,6 +26,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from asyncvla.common.advantages import make_estimator
+
 # Log-ratios beyond ±20 (ratio ≈ 5e8) carry no useful signal; clamping keeps exp() finite so a
 # clipped-away inf cannot turn into a NaN gradient (inf·0).
 _MAX_LOG_RATIO = 20.0
@@ -162,14 +164,16 @@ def _mean_or_nan(x: torch.Tensor) -> float:
 
 
 def ppo_loss_from_config(alg, **tensors) -> tuple[torch.Tensor, dict]:
-    """`ppo_loss` with the coefficients of an AlgorithmConfig (`cfg.algorithm`). GRPO's advantages
-    come normalised within their groups and it has no critic: no value loss, no renormalisation."""
-    grpo = alg.adv_type == "grpo"
+    """`ppo_loss` with the coefficients of an AlgorithmConfig (`cfg.algorithm`), as its advantage
+    estimator allows: without a critic no value loss; advantages that come normalised (GRPO's,
+    within their groups) are not normalised again."""
+    est = make_estimator(alg)
     return ppo_loss(**tensors, rho_bar=alg.rho_bar, ratio_clip_eps=alg.ratio_clip_eps,
                     clip_ratio_c=alg.clip_ratio_c, entropy_bonus=alg.entropy_bonus,
-                    value_loss_coef=0.0 if grpo else alg.value_loss_coef, value_loss_type=alg.value_loss_type,
+                    value_loss_coef=alg.value_loss_coef if est.critic else 0.0, value_loss_type=alg.value_loss_type,
                     huber_delta=alg.huber_delta, value_clip=alg.value_clip,
-                    normalize_advantages=alg.normalize_advantages and not grpo, advantage_scale=alg.advantage_scale,
+                    normalize_advantages=alg.normalize_advantages and est.renormalize,
+                    advantage_scale=alg.advantage_scale,
                     policy_loss_type=alg.policy_loss, behave_weight_threshold=alg.behave_weight_threshold)
 
 

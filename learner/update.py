@@ -1,4 +1,4 @@
-"""One learner update on a batch: recompute π_θ on the behaviour data, V-trace targets, PPO epochs.
+"""One learner update on a batch: recompute π_θ on the behaviour data, the advantages, PPO epochs.
 
 Every rank calls these with the same batch geometry: under ZeRO-3 each forward/backward gathers
 parameters collectively, so the number of forward calls must match across ranks (hence the
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from asyncvla.common.advantages import TargetInputs, make_estimator
 from asyncvla.common.config import Config
 from asyncvla.common.policy import reduce_logprobs
 from asyncvla.common.protocol import OBS_FIELDS, final_field
@@ -23,7 +24,7 @@ from asyncvla.learner.ingest import Batch
 from asyncvla.learner.loss import masked_mean_std, ppo_loss_from_config
 from asyncvla.learner.sft_data import random_shift
 from asyncvla.learner.value_norm import ValueNorm
-from asyncvla.learner.vtrace import bootstrap_truncated, chunk_rewards, vtrace
+from asyncvla.learner.rewards import bootstrap_truncated, chunk_rewards
 
 log = logging.getLogger("asyncvla.learner")
 
@@ -137,54 +138,48 @@ def outputs_finite(engine, batch: Batch, cfg: Config, device) -> bool:
 # ------------------------------------------------------------------------------------ targets
 @torch.no_grad()
 def compute_targets(engine, batch: Batch, cfg: Config, device, value_norm: ValueNorm | None = None) -> dict:
-    """V-trace targets, advantages and the behaviour/proximal log-probs of `batch` (with
-    algorithm.adv_type grpo the advantages and the steps that train are the ones the actors sent,
-    and the critic's targets are only reported). With
-    `value_norm` the head's outputs are denormalised for V-trace, the statistics are updated with
-    the targets, and the value targets and old values come back normalised by the new ones
-    (the advantages stay in reward units: the loss normalises them itself)."""
+    """The behaviour and proximal log-probs of `batch`, and what its advantage estimator
+    (common/advantages/, algorithm.adv_type) makes of them: advantages, value targets, importance
+    weights and the steps that train. An estimator without a critic (GRPO) gets no truncation
+    bootstraps and no value targets; the value loss is off for it. With `value_norm` the head's
+    outputs are denormalised for the estimator, the statistics are updated with the targets, and
+    the value targets and old values come back normalised by the new ones (the advantages stay in
+    reward units: the loss normalises them itself)."""
     a = batch.arrays
-    T, N = a["terminated"].shape[:2]
-    level = cfg.algorithm.logprob_type
-    prox_logp, v_all, final_values = _policy_outputs(engine, batch, cfg, device)
-    if value_norm is not None:
+    est = make_estimator(cfg.algorithm)
+    prox_logp, v_all, final_values = _policy_outputs(engine, batch, cfg, device, finals=est.critic)
+    if value_norm is not None and est.critic:
         v_all, final_values = value_norm.denormalize(v_all), value_norm.denormalize(final_values)
-    behavior = reduce_logprobs(torch.from_numpy(a["behavior_logp"]).to(device), level,
+    behavior = reduce_logprobs(torch.from_numpy(a["behavior_logp"]).to(device), cfg.algorithm.logprob_type,
                                cfg.policy.num_action_chunks, cfg.policy.action_dim)
-    rewards, discounts = _bootstrapped_rewards(batch, cfg, final_values, device)
-
-    # Without the off-policy correction every importance weight is 1: the targets are λ-returns
-    # and the advantages GAE's, as if the stale data came from the current policy.
-    corrected = cfg.algorithm.off_policy_correction == "vtrace"
-    vt = vtrace(behavior_logp=behavior, target_logp=prox_logp if corrected else behavior, rewards=rewards,
-                values=v_all[:-1], bootstrap_value=v_all[-1], discounts=discounts,
-                rho_bar=cfg.algorithm.rho_bar, c_bar=cfg.algorithm.c_bar, lam=cfg.algorithm.vtrace_lambda)
-    finite = finite_columns(prox_logp, v_all, vt.vs, vt.pg_advantages)
+    rewards, discounts = _step_rewards(batch, cfg, device), None
+    if est.critic:
+        rewards, discounts = _bootstrapped(rewards, batch, cfg, final_values, device)
+    t = est.targets(TargetInputs(behavior_logp=behavior, target_logp=prox_logp, rewards=rewards,
+                                 discounts=discounts, values=v_all if est.critic else None, arrays=a))
+    old_values = v_all[:-1]
+    vs = t.value_targets if est.critic else old_values      # (no critic: the value loss is off)
+    finite = finite_columns(prox_logp, v_all, vs, t.advantages)
     stats = {"rollout/reward_mean": float(rewards[:, finite].mean()) if finite.any() else 0.0,
-             "rollout/value_mean": float(v_all[:, finite].mean()) if finite.any() else 0.0}
-    old_values, vs = v_all[:-1], vt.vs
-    if value_norm is not None and finite.any():
+             "rollout/value_mean": float(v_all[:, finite].mean()) if finite.any() else 0.0, **t.stats}
+    if value_norm is not None and est.critic and finite.any():
         value_norm.update(vs[:, finite])
         old_values, vs = value_norm.normalize(old_values), value_norm.normalize(vs)
         stats.update({"train/critic/value_norm_mean": value_norm.mean, "train/critic/value_norm_std": value_norm.std})
-    advantages, mask = vt.pg_advantages, torch.ones(T, N, device=device)
-    if cfg.algorithm.adv_type == "grpo":    # the actors' group-relative advantages (common/groups.py)
-        advantages = torch.from_numpy(a["advantage"]).to(device).float()
-        mask = torch.from_numpy(a["advantage_mask"]).to(device).float()
-        stats["rollout/group_steps_kept"] = float(mask.mean())
     return {"behavior_logp": behavior, "prox_logp": prox_logp, "old_values": old_values, "vs": vs,
-            "advantages": advantages, "rhos": vt.rhos, "stats": stats, "finite_columns": finite, "mask": mask}
+            "advantages": t.advantages, "rhos": t.rhos, "stats": stats, "finite_columns": finite,
+            "mask": t.mask}
 
 
-def _policy_outputs(engine, batch: Batch, cfg: Config, device):
+def _policy_outputs(engine, batch: Batch, cfg: Config, device, finals: bool = True):
     """π_θ's log-probs [T, N, M] of the steps taken, and its values on all T+1 observations [T+1, N]
-    (the last only for its value) and on the truncation finals [F], in micro-batches."""
+    (the last only for its value) and, with `finals`, on the truncation finals [F], in micro-batches."""
     a = batch.arrays
     T, N = a["terminated"].shape[:2]
     obs = {k: _flat(a[k]) for k in OBS_FIELDS if k in a}                  # [(T+1)*N, ...]
     # (the last observation's actions: any valid ones, only V is used there; likewise for the finals)
     actions = {k: _flat(np.concatenate([a[k], a[k][-1:]])) for k in _replay_names(engine)}
-    n_final = max_over_ranks(len(batch.final_index), device)
+    n_final = max_over_ranks(len(batch.final_index), device) if finals else 0
     if n_final:
         fin = _pad_rows({k: batch.finals[final_field(k)] for k in obs if final_field(k) in batch.finals},
                         n_final, like=obs)
@@ -198,17 +193,19 @@ def _policy_outputs(engine, batch: Batch, cfg: Config, device):
         values.append(out.values.float())
     logp, values = torch.cat(logp), torch.cat(values)
     return (logp[: T * N].reshape(T, N, logp.shape[-1]), values[: (T + 1) * N].reshape(T + 1, N),
-            values[(T + 1) * N:][: len(batch.final_index)])
+            values[(T + 1) * N:][: len(batch.final_index) if finals else 0])
 
 
-def _bootstrapped_rewards(batch: Batch, cfg: Config, final_values: torch.Tensor, device):
-    """(rewards, discounts) [T, N] per policy step: an action-level chunk's rewards discounted into
-    one, and a truncated step bootstrapping from V(final observation), never from the next
-    episode's first observation (see learner/vtrace.py)."""
+def _step_rewards(batch: Batch, cfg: Config, device) -> torch.Tensor:
+    """Rewards [T, N] per policy step: an action-level chunk's rewards discounted into one."""
+    rewards = torch.from_numpy(batch.arrays["rewards"]).to(device).float()
+    return chunk_rewards(rewards, cfg.algorithm.gamma) if rewards.dim() == 3 else rewards
+
+
+def _bootstrapped(rewards: torch.Tensor, batch: Batch, cfg: Config, final_values: torch.Tensor, device):
+    """(rewards, discounts) [T, N] with a truncated step bootstrapping from V(final observation),
+    never from the next episode's first observation (see learner/rewards.py)."""
     a = batch.arrays
-    rewards = torch.from_numpy(a["rewards"]).to(device).float()
-    if rewards.dim() == 3:   # action_level: per env step, discounted inside the chunk
-        rewards = chunk_rewards(rewards, cfg.algorithm.gamma)
     terminated = torch.from_numpy(a["terminated"]).to(device)
     truncated = torch.from_numpy(a["truncated"]).to(device)
     final_v = torch.zeros_like(rewards)

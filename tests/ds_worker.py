@@ -402,7 +402,7 @@ def hand_targets(ref, batch, cfg, value_affine=(0.0, 1.0)) -> dict:
             vs[t, b] = V[t, b] + delta + disc[t, b] * c * (vs[t + 1, b] - V[t + 1, b])
         for t in range(T):
             adv[t, b] = min(alg.rho_bar, np.exp(log_rho[t, b])) * (r[t, b] + disc[t, b] * vs[t + 1, b] - V[t, b])
-    return {"vs": vs[:T], "advantages": adv, "values": V[:T]}
+    return {"vs": vs[:T], "advantages": adv, "values": V, "rewards": r, "discounts": disc}
 
 
 def policy_engine(cfg, out: Path, rank: int):
@@ -428,9 +428,10 @@ def phase_update(out: Path, rank: int, world: int) -> dict:
     from asyncvla.learner.update import compute_targets, ppo_epochs
     from asyncvla.learner.value_norm import ValueNorm
 
-    cfg = load_config(None, POLICY_OVERRIDES + ["learner.micro_batch_size=64", "algorithm.update_epochs=1",
-                                                "algorithm.num_minibatches=1", "algorithm.gamma=0.9",
-                                                "algorithm.vtrace_lambda=0.8", "algorithm.rho_bar=1.5"])
+    overrides = POLICY_OVERRIDES + ["learner.micro_batch_size=64", "algorithm.update_epochs=1",
+                                    "algorithm.num_minibatches=1", "algorithm.gamma=0.9",
+                                    "algorithm.vtrace_lambda=0.8", "algorithm.rho_bar=1.5"]
+    cfg = load_config(None, overrides)
     ref, engine = policy_engine(cfg, out, rank)
     batch, segment = update_batch(ref, cfg, rank)
     device = torch.device("cpu")
@@ -443,6 +444,20 @@ def phase_update(out: Path, rank: int, world: int) -> dict:
     norm.update(torch.tensor([-1.0, 5.0]))               # mean 2, std 3
     normed = compute_targets(engine, batch, cfg, device, norm)
     hand_normed = hand_targets(ref, batch, cfg, value_affine=(2.0, 3.0))
+    # The other estimators on the same batch and weights: GAE from the critic; GRPO with the actors'
+    # advantages, and no forward pass on the truncation finals (rows: the policy's inputs per call).
+    gae = compute_targets(engine, batch, load_config(None, [*overrides, "algorithm.adv_type=gae",
+                                                           "algorithm.gae_lambda=0.7"]), device)
+    rows = []
+    hook = engine.module.register_forward_pre_hook(lambda m, args, kw: rows.append(len(kw["image"])), with_kwargs=True)
+    compute_targets(engine, batch, cfg, device)
+    rows_vtrace, rows[:] = sum(rows), []
+    rng = np.random.default_rng(rank)
+    grpo_batch = dataclasses.replace(batch, arrays={
+        **batch.arrays, "advantage": rng.normal(size=batch.arrays["rewards"].shape).astype(np.float32),
+        "advantage_mask": (rng.random(batch.arrays["rewards"].shape) < 0.7).astype(np.uint8)})
+    grpo = compute_targets(engine, grpo_batch, load_config(None, [*overrides, "algorithm.adv_type=grpo"]), device)
+    hook.remove()
     stats = ppo_epochs(engine, batch, targets, cfg, device, seed=3)
     a = batch.arrays
     T, B = a["action_tokens"].shape[:2]
@@ -469,6 +484,10 @@ def phase_update(out: Path, rank: int, world: int) -> dict:
     return {"targets": {k: targets[k].numpy() for k in ("vs", "advantages", "old_values")}, "hand": hand,
             "normed": {k: normed[k].numpy() for k in ("vs", "advantages", "old_values")},
             "hand_normed": hand_normed, "norm": (norm.mean, norm.std),
+            "gae": {k: gae[k].numpy() for k in ("vs", "advantages", "old_values", "mask")},
+            "grpo": {**{k: grpo[k].numpy() for k in ("vs", "advantages", "old_values", "mask")},
+                     "sent": grpo_batch.arrays["advantage"], "sent_mask": grpo_batch.arrays["advantage_mask"]},
+            "rows": {"vtrace": rows_vtrace, "grpo": sum(rows), "finals": len(batch.final_index)},
             "stats": stats, "ref_stats": ref_stats, "reports": [reports[0], reports[-1]], "sizes": sizes,
             "segment_episodes": len(segment.arrays["ep_return"]),
             "segment_success": float(segment.arrays["ep_success"].sum()),

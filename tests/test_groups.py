@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from asyncvla.actors.envs.base import ResetSeeds, group_seed
-from asyncvla.actors.outbox import GroupOutbox, Outbox, make_outbox
+from asyncvla.common.advantages import Outbox, make_estimator
+from asyncvla.common.advantages.grpo import GroupOutbox, group_advantages
 from asyncvla.common.config import load_config
-from asyncvla.common.groups import group_advantages
 from tests.support.paths import PIXEL
 
 
@@ -108,8 +108,9 @@ def pixel_rollout(group_size=4, num_envs=3, T=4, segments=12):
 def test_the_outbox_holds_segments_until_their_groups_end_and_scores_every_step():
     cfg, collected = pixel_rollout()
     G = cfg.algorithm.group_size
-    outbox = make_outbox(cfg)
-    assert isinstance(outbox, GroupOutbox) and isinstance(make_outbox(load_config(PIXEL)), Outbox)
+    outbox = make_estimator(cfg.algorithm).make_outbox()
+    assert isinstance(outbox, GroupOutbox)
+    assert type(make_estimator(load_config(PIXEL).algorithm).make_outbox()) is Outbox
     returns, sent = {}, []
     for seq, (arrays, info) in enumerate(collected):
         returns.update(info["ended"])

@@ -2,7 +2,8 @@
 hand computations (tests/ds_worker.py `update`):
 
 * compute_targets: V-trace targets and advantages equal plain loops over (t, b) on an un-sharded
-  copy of the policy, truncated steps bootstrapped from V(final observation);
+  copy of the policy, truncated steps bootstrapped from V(final observation); GAE's equal a plain
+  loop over the same values; GRPO's are the ones the actors sent, without the finals' forward pass;
 * ppo_epochs: one pass, one minibatch — its loss statistics equal the loss of the copy's outputs;
 * the report: every rank's episodes, lags, drops and losses count (sums, maxima, means over
   ranks), every rank gets the same combined figures, and no rank's metric state grows.
@@ -23,7 +24,7 @@ def ranks(tmp_path_factory):
 def test_targets_equal_a_hand_computed_vtrace(ranks):
     for r in ranks:
         t, hand = r["targets"], r["hand"]
-        np.testing.assert_allclose(t["old_values"], hand["values"], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(t["old_values"], hand["values"][:-1], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(t["vs"], hand["vs"], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(t["advantages"], hand["advantages"], rtol=1e-4, atol=1e-5)
         assert np.abs(hand["advantages"]).max() > 1e-3          # not a trivially zero case
@@ -44,8 +45,35 @@ def test_value_norm_targets_are_the_hand_targets_in_the_updated_statistics(ranks
         t, hand = r["normed"], r["hand_normed"]
         np.testing.assert_allclose(t["advantages"], hand["advantages"], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(t["vs"], (hand["vs"] - mean) / std, rtol=1e-4, atol=1e-5)
-        np.testing.assert_allclose(t["old_values"], (hand["values"] - mean) / std, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(t["old_values"], (hand["values"][:-1] - mean) / std, rtol=1e-4, atol=1e-5)
         assert not np.allclose(hand["vs"], r["hand"]["vs"], atol=1e-2)    # the affine map mattered
+
+
+def test_gae_targets_equal_a_hand_loop_over_the_same_values_and_rewards(ranks):
+    for r in ranks:
+        hand, got = r["hand"], r["gae"]
+        V, rew, disc = hand["values"], hand["rewards"], hand["discounts"]     # (truncations bootstrapped)
+        T, B = rew.shape
+        adv = np.zeros((T, B))
+        for b in range(B):
+            acc = 0.0
+            for t in reversed(range(T)):
+                acc = rew[t, b] + disc[t, b] * V[t + 1, b] - V[t, b] + disc[t, b] * 0.7 * acc
+                adv[t, b] = acc
+        np.testing.assert_allclose(got["advantages"], adv, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got["vs"], adv + V[:-1], rtol=1e-4, atol=1e-5)
+        assert got["mask"].min() == 1
+        assert not np.allclose(got["advantages"], r["targets"]["advantages"], atol=1e-3)   # not V-trace's
+
+
+def test_grpo_trains_on_the_actors_advantages_and_runs_no_critic(ranks):
+    for r in ranks:
+        g = r["grpo"]
+        np.testing.assert_array_equal(g["advantages"], g["sent"])
+        np.testing.assert_array_equal(g["mask"], g["sent_mask"])
+        np.testing.assert_array_equal(g["vs"], g["old_values"])        # no value targets (the value loss is off)
+        rows = r["rows"]
+        assert rows["finals"] > 0 and rows["vtrace"] - rows["grpo"] >= rows["finals"]   # no truncation bootstraps
 
 
 def test_ppo_epoch_statistics_equal_the_loss_on_the_unsharded_copy(ranks):

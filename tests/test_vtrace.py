@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from asyncvla.learner.vtrace import VTraceReturns, bootstrap_truncated, chunk_rewards, vtrace
+from asyncvla.common.advantages.vtrace import VTraceReturns, vtrace
+from asyncvla.learner.rewards import bootstrap_truncated, chunk_rewards
 
 # float32 runs the backward recursion in single precision over up to 33 steps with O(1..10)
 # values: errors up to ~2e-6 are seen here, so it is held to 1e-5 (float64: 1e-6, seen ~4e-15).

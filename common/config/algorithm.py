@@ -13,16 +13,20 @@ if TYPE_CHECKING:
 
 @dataclass
 class AlgorithmConfig:
-    adv_type: str = opt("vtrace", "how a step's advantage is estimated: vtrace (the critic's V-trace "
-                        "targets, PPO with a value loss) or grpo (critic-free, group-relative: "
-                        "algorithm.group_size episodes start from one initial state and each episode's "
-                        "return is compared with its group's; common/groups.py)", choices=["vtrace", "grpo"])
+    adv_type: str = opt("vtrace", "how a step's advantage is estimated (common/advantages/, one file "
+                        "each): vtrace (the critic's off-policy-corrected V-trace targets, PPO with a "
+                        "value loss), gae (the critic's GAE, stale data taken as on-policy) or grpo "
+                        "(critic-free, group-relative: algorithm.group_size episodes start from one "
+                        "initial state and each episode's return is compared with its group's)",
+                        choices=["vtrace", "gae", "grpo"])
     group_size: int = opt(8, "grpo: episodes per group, started from one initial state (an actor's envs "
                           "take a group's episodes in turn)", ge=2)
     gamma: float = opt(0.99, "discount per policy step (per chunk with reward_type chunk_level)",
                        ge=0.0, le=1.0)
     vtrace_lambda: float = opt(1.0, "V-trace lambda (trace cutting, like GAE's lambda)", ge=0.0, le=1.0)
-    off_policy_correction: str = opt("vtrace", "vtrace: importance-weighted targets and advantages "
+    gae_lambda: float = opt(0.95, "gae: GAE's lambda (0: one-step advantages, 1: Monte Carlo returns "
+                            "minus V)", ge=0.0, le=1.0)
+    off_policy_correction: str = opt("vtrace", "adv_type vtrace: importance-weighted targets and advantages "
                                      "for data from older policies; none: treat stale data as on-policy "
                                      "(λ-returns and GAE; the PPO ratio is still π/μ) — the ablation",
                                      choices=["vtrace", "none"])
@@ -72,14 +76,8 @@ def check_value_augment(config: "Config") -> list[str]:
     return []
 
 
-def check_grpo(config: "Config") -> list[str]:
-    """GRPO's groups start their episodes from one initial state, each group its own."""
-    if config.algorithm.adv_type != "grpo":
-        return []
-    if config.env.use_fixed_reset_state_ids:
-        return ["algorithm.adv_type=grpo draws one initial state per group of episodes; "
-                "env.use_fixed_reset_state_ids=true would repeat the same ones: set it to false"]
-    if config.env.sim_backend == "physx_cuda":
-        return ["algorithm.adv_type=grpo needs each group's episodes to start from one initial state, which "
-                "the batched GPU simulator's partial resets cannot restore: set env.sim_backend=physx_cpu"]
-    return []
+def check_estimator(config: "Config") -> list[str]:
+    """The rules the chosen advantage estimator sets on the rest of the config (common/advantages/)."""
+    from asyncvla.common.advantages import ESTIMATORS   # (loads numpy: only once the fields are read)
+    est = ESTIMATORS.get(config.algorithm.adv_type)   # (an unknown one: check_field has said so)
+    return est(config.algorithm).config_problems(config) if est else []

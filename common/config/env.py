@@ -84,8 +84,6 @@ def check_replay(config: "Config") -> list[str]:
         return []
     if config.env.use_fixed_reset_state_ids:
         why = "env.use_fixed_reset_state_ids=true: fixed initial states are for evaluation"
-    elif config.algorithm.adv_type == "grpo":
-        why = "algorithm.adv_type=grpo: its groups already repeat each start"
     elif config.env.sim_backend == "physx_cuda":
         why = "env.sim_backend=physx_cuda: the batched simulator's partial resets do not take seeds"
     else:

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .algorithm import AlgorithmConfig, check_grpo, check_value_augment
+from .algorithm import AlgorithmConfig, check_estimator, check_value_augment
 from .data import CollectConfig, SFTConfig
 from .env import EnvConfig, check_camera, check_replay
 from .fields import ConfigError, check_field, walk
@@ -44,7 +44,7 @@ def validate(config: Config, on_this_machine: bool = True) -> None:
     problems += check_flow(config.policy.flow)
     problems += check_gaussian(config.policy.gaussian)
     problems += check_value_augment(config)
-    problems += check_grpo(config)
+    problems += check_estimator(config)
     problems += check_replay(config)
     problems += check_lr_decay(config.learner)
     problems += check_camera(config.env)

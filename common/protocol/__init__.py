@@ -11,7 +11,7 @@ No sockets here: common/transport.py moves the frames. Importers take names from
 
 from .messages import (CONTROL_META, CONTROL_META_OPTIONAL, FREE_META, bf16_bits_to_float32, control_of,
                        decode_control, decode_weights, encode_control, encode_weights, files_of, weights_of)
-from .segments import (FINAL_FIELDS, GROUP_FIELDS, MAX_ABS_LOGP, MAX_ABS_STATE, MAX_ABS_UNIT, MAX_EPISODE_STEPS,
+from .segments import (FINAL_FIELDS, MAX_ABS_LOGP, MAX_ABS_STATE, MAX_ABS_UNIT, MAX_EPISODE_STEPS,
                        MAX_SEGMENT_SECONDS, OBS_FIELDS, SEGMENT_FIELDS, SEGMENT_META, SEGMENT_META_OPTIONAL,
                        STATE_FIELDS, UNTIMED_FIELDS, Field, Segment, SegmentSpec, check_groups,
                        check_segment_arrays, check_segment_meta, decode_segment, encode_segment, final_field,

@@ -19,7 +19,6 @@ countable reason.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -88,10 +87,6 @@ SEGMENT_FIELDS: dict[str, Field] = {
     "ep_length": Field("int64", ("E",), "episode"),
     "ep_success": Field("uint8", ("E",), "episode"),
 }
-# With algorithm.adv_type grpo (actors/outbox.py): each step's group-relative advantage, and
-# whether it trains (0: its group's returns were all equal).
-GROUP_FIELDS: dict[str, Field] = {"advantage": Field("float32", ("T", "B"), "step", "advantage"),
-                                  "advantage_mask": Field("uint8", ("T", "B"), "step")}
 OBS_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.role == "obs")
 FINAL_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.role == "final")
 STATE_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if "S" in f.dims)   # present only when S > 0
@@ -126,9 +121,9 @@ class SegmentSpec:
     (`replay_check(arrays) -> problem or None`), and bounds: num_steps (exact T), vocab_size
     (token ids below it), first_action_id (action tokens at least it: the vocabulary's last ids),
     max_abs_reward (|reward| at most it), max_episode_steps (the env's episode limit: a reported
-    length in [1, it]; unset: MAX_EPISODE_STEPS), group_size (GRPO's G: each step carries its
-    group-relative advantage, |A| < sqrt(G), and whether it trains; 0: none). `for_policy` builds
-    it from a config and a head."""
+    length in [1, it]; unset: MAX_EPISODE_STEPS), and the advantage estimator's own arrays
+    (`advantage_fields`: (name, Field) pairs, [T, B] each; `advantage_bounds`: (bound name, (low,
+    high, reason)) pairs; common/advantages/). `for_policy` builds it from a config and a head."""
     image_size: int
     instruction_len: int
     num_action_chunks: int
@@ -143,13 +138,15 @@ class SegmentSpec:
     first_action_id: int | None = None
     max_abs_reward: float | None = None
     max_episode_steps: int | None = None
-    group_size: int = 0
+    advantage_fields: tuple = ()
+    advantage_bounds: tuple = ()
 
     @classmethod
     def for_policy(cls, cfg, head, action_tokenizer) -> "SegmentSpec":
         """What a learner with config `cfg` (a Config), whose policy acts with `head` (an
         ActionHead) over `action_tokenizer`'s vocabulary, accepts from its actors."""
-        p = cfg.policy
+        from asyncvla.common.advantages import make_estimator   # (its files import this one)
+        p, est = cfg.policy, make_estimator(cfg.algorithm)
         return cls(image_size=p.image_size, instruction_len=p.max_instruction_tokens,
                    num_action_chunks=p.num_action_chunks, action_dim=p.action_dim,
                    replay=tuple(head.replay_fields().items()), densities=head.densities,
@@ -158,7 +155,8 @@ class SegmentSpec:
                    num_steps=cfg.actor.rollout_length, vocab_size=action_tokenizer.vocab_size,
                    first_action_id=action_tokenizer.first_id, max_abs_reward=cfg.learner.max_abs_reward,
                    max_episode_steps=cfg.env.max_episode_steps,
-                   group_size=cfg.algorithm.group_size if cfg.algorithm.adv_type == "grpo" else 0)
+                   advantage_fields=tuple(est.segment_fields().items()),
+                   advantage_bounds=tuple(est.segment_bounds().items()))
 
     @property
     def num_tokens(self) -> int:
@@ -170,8 +168,7 @@ class SegmentSpec:
         out = {"state": (-MAX_ABS_STATE, MAX_ABS_STATE, "out_of_range"),
                "logp": (-MAX_ABS_LOGP, MAX_ABS_LOGP if self.densities else 1e-3, "out_of_range"),
                "unit": (-MAX_ABS_UNIT, MAX_ABS_UNIT, "out_of_range")}
-        if self.group_size:          # (one return apart from G - 1 equal ones: (G - 1) / sqrt(G))
-            out["advantage"] = (-math.sqrt(self.group_size), math.sqrt(self.group_size), "out_of_range")
+        out.update(self.advantage_bounds)
         if self.vocab_size is not None:
             out["action_ids"] = (self.first_action_id or 0, self.vocab_size - 1, "bad_token")
         return out
@@ -183,8 +180,7 @@ class SegmentSpec:
         if not self.action_level_rewards:
             fields["rewards"] = Field("float32", ("T", "B"), "step")
         fields.update({k: f._replace(dims=("T", "B", *f.dims), role="step") for k, f in self.replay})
-        if self.group_size:
-            fields.update(GROUP_FIELDS)
+        fields.update(self.advantage_fields)
         return fields
 
 

@@ -1,28 +1,37 @@
-"""V-trace off-policy targets (IMPALA, Espeholt et al. 2018) and the reward bookkeeping before them.
+"""V-trace (IMPALA, Espeholt et al. 2018): the learner's off-policy-corrected targets and advantages.
 
-All tensors are time-major: per-step inputs are [T, B], the bootstrap value is [B]. Everything
-here is a pure function without gradient.
-
-Episode ends. `discounts` is γ·(1 − done): a zero cuts both the bootstrap and the traces, so
-nothing flows across an episode boundary. A *terminated* step simply gets discount 0. A
-*truncated* step (time limit) must still bootstrap, but from V(final observation) of the episode
-that ended, not from V(x_{t+1}): after an auto-reset x_{t+1} is the first observation of the
-next episode. The caller therefore folds the bootstrap into the reward, r_t + γ·V(final), and
-sets the discount to 0 (`bootstrap_truncated`). The truncated step's target is then exactly
-r_t + γ·V(final) plus its own δ correction, and no value of the next episode leaks into it.
-
-Rewards per policy step. With reward_type chunk_level the env already returns one reward per
-chunk (the plain sum over its executed steps). With action_level it returns one per env step;
-`chunk_rewards` discounts them inside the chunk, Σ_k γ_env^k r_k, and consecutive policy steps
-are then γ_env^K apart (the caller's discount).
+The actors' data comes from policies a few versions behind the learner's (learner.max_policy_lag).
+V-trace weighs each step by its clipped importance weight π/μ, so the value targets are those of
+the current policy π, and the advantage of a step is min(ρ̄, ρ)(r + γ v_{s+1} − V(x)).
+algorithm.off_policy_correction none sets every weight to 1 (λ-returns and one-step advantages
+on stale data, the ablation). Reward bookkeeping before it: learner/rewards.py.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Union
+from typing import TYPE_CHECKING, NamedTuple
 
-import torch
+from . import Estimator, TargetInputs, Targets, register, step_log_ratio
+
+if TYPE_CHECKING:
+    import torch
+
+
+@register
+class VTrace(Estimator):
+    """V-trace targets from the critic's values, on the learner."""
+    name = "vtrace"
+
+    def targets(self, x: TargetInputs) -> Targets:
+        import torch
+        a = self.alg
+        corrected = a.off_policy_correction == "vtrace"
+        vt = vtrace(behavior_logp=x.behavior_logp, target_logp=x.target_logp if corrected else x.behavior_logp,
+                    rewards=x.rewards, values=x.values[:-1], bootstrap_value=x.values[-1], discounts=x.discounts,
+                    rho_bar=a.rho_bar, c_bar=a.c_bar, lam=a.vtrace_lambda)
+        return Targets(advantages=vt.pg_advantages, value_targets=vt.vs, rhos=vt.rhos,
+                       mask=torch.ones_like(vt.vs), stats={})
 
 
 class VTraceReturns(NamedTuple):
@@ -31,7 +40,6 @@ class VTraceReturns(NamedTuple):
     rhos: torch.Tensor            # [T, B] unclipped importance weights π/μ of the whole policy step
 
 
-@torch.no_grad()
 def vtrace(behavior_logp: torch.Tensor, target_logp: torch.Tensor, rewards: torch.Tensor,
            values: torch.Tensor, bootstrap_value: torch.Tensor, discounts: torch.Tensor,
            rho_bar: float = 1.0, c_bar: float = 1.0, lam: float = 1.0) -> VTraceReturns:
@@ -50,11 +58,10 @@ def vtrace(behavior_logp: torch.Tensor, target_logp: torch.Tensor, rewards: torc
     pg_advantages_s = min(ρ̄, ρ_s)(r_s + γ_s v_{s+1} − V(x_s)).
     Computed in the inputs' dtype; the outputs carry no gradient.
     """
+    import torch
     _check_vtrace_inputs(behavior_logp, target_logp, rewards, values, bootstrap_value, discounts,
                          rho_bar, c_bar, lam)
-    log_rhos = target_logp.detach() - behavior_logp.detach()
-    if log_rhos.dim() == values.dim() + 1:
-        log_rhos = log_rhos.sum(-1)
+    log_rhos = step_log_ratio(behavior_logp, target_logp, values.dim())
     values, bootstrap_value = values.detach(), bootstrap_value.detach()
     rewards, discounts = rewards.detach(), discounts.detach()
 
@@ -78,47 +85,6 @@ def vtrace(behavior_logp: torch.Tensor, target_logp: torch.Tensor, rewards: torc
     pg_advantages = clipped_rhos * (rewards + discounts * vs_tp1 - values)
     return VTraceReturns(vs=vs, pg_advantages=pg_advantages, rhos=rhos)
 
-
-@torch.no_grad()
-def bootstrap_truncated(rewards: torch.Tensor, gamma: Union[float, torch.Tensor],
-                        terminated: torch.Tensor, truncated: torch.Tensor,
-                        final_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rewards and discounts for `vtrace` with time-limit truncations bootstrapped correctly.
-
-    rewards [T, B]; gamma: discount per policy step (float or [T, B]); terminated, truncated bool
-    [T, B]; final_values [T, B]: V(final observation) of the episode that ended at a truncated
-    step (read only there; other entries may hold anything, even NaN).
-    Returns (rewards + γ·V(final) at truncated-not-terminated steps, γ·(1 − (terminated|truncated))).
-    A step that is both terminated and truncated is terminal: no bootstrap.
-    """
-    if not (rewards.shape == terminated.shape == truncated.shape == final_values.shape):
-        raise ValueError(f"bootstrap_truncated: rewards {tuple(rewards.shape)}, terminated "
-                         f"{tuple(terminated.shape)}, truncated {tuple(truncated.shape)} and "
-                         f"final_values {tuple(final_values.shape)} must all be [T, B]")
-    terminated, truncated = terminated.bool(), truncated.bool()
-    gamma = torch.as_tensor(gamma, dtype=rewards.dtype, device=rewards.device)
-    bootstrap = truncated & ~terminated
-    # where(), not a product with a mask: a NaN/inf placeholder outside truncations must not leak.
-    extra = torch.where(bootstrap, gamma * final_values.detach().to(rewards.dtype),
-                        torch.zeros_like(rewards))
-    discounts = gamma * (~(terminated | truncated)).to(rewards.dtype)
-    return rewards.detach() + extra, discounts
-
-
-@torch.no_grad()
-def chunk_rewards(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Action-level rewards [T, B, K] -> one per policy step [T, B]: Σ_k γ^k r_k.
-
-    γ is the per-env-step discount; steps after an episode end inside the chunk carry reward 0
-    (the env stops stepping there), so they add nothing.
-    """
-    if rewards.dim() != 3:
-        raise ValueError(f"chunk_rewards: rewards must be [T, B, K] (action_level), got "
-                         f"{tuple(rewards.shape)}")
-    if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"chunk_rewards: gamma={gamma} must be in [0, 1]")
-    k = torch.arange(rewards.shape[-1], device=rewards.device, dtype=rewards.dtype)
-    return (rewards.detach() * gamma ** k).sum(-1)
 
 
 def _check_vtrace_inputs(behavior_logp, target_logp, rewards, values, bootstrap_value, discounts,
