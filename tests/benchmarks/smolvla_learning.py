@@ -41,8 +41,10 @@ TASKS = {
     # config, demos, LeRobot training (tests/interop/smolvla_train.py flags), RL overrides
     "pixel": dict(config="configs/pixel_task.yaml", demos=200, sft=["--steps", "1500", "--batch-size", "64",
                                                                      "--vlm-patch-size", "8", "--vlm-position-init", "sincos"],
-                  # the whole SmolVLA trains, as pixel_task.yaml trains its own policy; the lr decays to 0
-                  rl=["learner.max_steps=1600", "learner.lr_decay_style=linear"]),
+                  # the expert trains (the VLM frozen, LeRobot's default) beside a CNN critic
+                  # (pixel_task.yaml's policy.value_encoder) fit for 50 updates before the policy moves
+                  rl=["learner.max_steps=1200", "policy.flow.train_expert_only=true",
+                      "learner.critic_warmup_steps=50", "learner.lr_decay_style=linear"]),
     "pushcube": dict(config="configs/smolvla.yaml", demos=300, sft=["--steps", "3000", "--batch-size", "64",
                                                                     "--vlm-patch-size", "8"],
                      rl=["learner.max_steps=200", "learner.max_time_s=1500"]),
