@@ -1,7 +1,7 @@
 """The DeepSpeed side of the learner: process group, engine configuration, engine.
 
     init_distributed(cfg)                                   # once per process, before anything collective
-    engine = build_engine(model, cfg, gradient_accumulation_steps=n_micro)
+    engine = build_engine(model, EngineSpec.rl(cfg), gradient_accumulation_steps=n_micro)
     for each minibatch:
         for each micro batch:  engine.backward(loss(engine(...)));  engine.step()
 
@@ -14,7 +14,11 @@ every minibatch must have exactly n micro batches on every rank. (DeepSpeed 0.19
 allow a varying count, at the price of extra calls or an ignored `backward` scaling.)
 
 Only parameters with `requires_grad` are optimised (LoRA + value head with LoRA, everything
-otherwise). Parameters whose name contains "value_head" form a second group at `learner.value_lr`.
+otherwise). Parameters whose name contains "value_head" form a second group at their own lr.
+
+An engine is built from an EngineSpec, which holds what the optimiser, its schedule and the engine
+need and nothing else: the RL learner's comes from learner.* and algorithm.* (`EngineSpec.rl`),
+SFT's from sft.* (learner/sft.py `engine_spec`), so no key of one run leaks into the other's.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import logging
 import os
 import socket
 import warnings
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -105,29 +110,64 @@ def use_bf16(precision: str) -> bool:
     return precision == "bf16"
 
 
-def build_ds_config(cfg: Config, world_size: int, gradient_accumulation_steps: int = 1) -> dict:
-    """The DeepSpeed config dict for this run.
+@dataclass(frozen=True)
+class EngineSpec:
+    """What an engine is built from. lr / value_lr: the policy's and the value head's groups;
+    warmup_steps: updates of a linear lr ramp; critic_warmup_steps: first updates in which the policy
+    group's lr is 0; steps_per_update: optimizer steps in one update (the schedule counts updates);
+    decay_iters: updates of a linear decay of the policy's lr to min_lr_fraction of it (None: none)."""
+    lr: float
+    value_lr: float
+    micro_batch_size: int
+    zero_stage: int
+    precision: str
+    adam_beta1: float
+    adam_beta2: float
+    adam_eps: float
+    weight_decay: float
+    clip_grad: float
+    warmup_steps: int = 0
+    critic_warmup_steps: int = 0
+    steps_per_update: int = 1
+    decay_iters: int | None = None
+    min_lr_fraction: float = 0.0
+
+    @classmethod
+    def rl(cls, cfg: Config) -> "EngineSpec":
+        """The RL learner's: learner.*'s optimiser and schedule, an update being
+        algorithm.update_epochs x num_minibatches optimizer steps."""
+        lc = cfg.learner
+        return cls(lr=lc.lr, value_lr=lc.value_lr, micro_batch_size=lc.micro_batch_size, zero_stage=lc.zero_stage,
+                   precision=lc.precision, adam_beta1=lc.adam_beta1, adam_beta2=lc.adam_beta2, adam_eps=lc.adam_eps,
+                   weight_decay=lc.weight_decay, clip_grad=lc.clip_grad, warmup_steps=lc.lr_warmup_steps,
+                   critic_warmup_steps=lc.critic_warmup_steps,
+                   steps_per_update=cfg.algorithm.update_epochs * cfg.algorithm.num_minibatches,
+                   decay_iters=(lc.lr_decay_iters or lc.max_steps) if lc.lr_decay_style == "linear" else None,
+                   min_lr_fraction=lc.min_lr / lc.lr)
+
+
+def build_ds_config(spec: EngineSpec, world_size: int, gradient_accumulation_steps: int = 1) -> dict:
+    """The DeepSpeed config dict of an engine built from `spec`.
 
     The batch is described per rank (micro batch x accumulation steps); DeepSpeed derives
     train_batch_size = micro x steps x world_size. The LR schedule is not in here: it is a torch
     scheduler given to `deepspeed.initialize` (see `warmup_schedule`).
     """
-    lc = cfg.learner
     if gradient_accumulation_steps < 1:
         raise ConfigError(f"gradient_accumulation_steps={gradient_accumulation_steps} must be >= 1")
     if world_size < 1:
         raise ConfigError(f"world_size={world_size} must be >= 1")
-    bf16 = use_bf16(lc.precision)
+    bf16 = use_bf16(spec.precision)
     return {
-        "train_micro_batch_size_per_gpu": lc.micro_batch_size,
+        "train_micro_batch_size_per_gpu": spec.micro_batch_size,
         "gradient_accumulation_steps": gradient_accumulation_steps,
-        "train_batch_size": lc.micro_batch_size * gradient_accumulation_steps * world_size,
+        "train_batch_size": spec.micro_batch_size * gradient_accumulation_steps * world_size,
         "optimizer": {"type": "AdamW", "params": {
-            "lr": lc.lr, "betas": [lc.adam_beta1, lc.adam_beta2], "eps": lc.adam_eps,
-            "weight_decay": lc.weight_decay,
+            "lr": spec.lr, "betas": [spec.adam_beta1, spec.adam_beta2], "eps": spec.adam_eps,
+            "weight_decay": spec.weight_decay,
             "torch_adam": True}},          # plain torch AdamW: no JIT-built fused kernel
-        "gradient_clipping": lc.clip_grad,
-        "zero_optimization": {"stage": lc.zero_stage},
+        "gradient_clipping": spec.clip_grad,
+        "zero_optimization": {"stage": spec.zero_stage},
         "bf16": {"enabled": bf16},
         "fp16": {"enabled": False},
         "steps_per_print": 10 ** 9,
@@ -178,14 +218,10 @@ def warmup_schedule(warmup_steps: int, critic_warmup_steps: int = 0, steps_per_u
     return make
 
 
-def lr_schedule(cfg: Config):
-    """The run's schedule (`warmup_schedule`) from learner.* and the update's optimizer steps."""
-    lc = cfg.learner
-    linear = lc.lr_decay_style == "linear"
-    return warmup_schedule(lc.lr_warmup_steps, lc.critic_warmup_steps,
-                           cfg.algorithm.update_epochs * cfg.algorithm.num_minibatches,
-                           decay_iters=(lc.lr_decay_iters or lc.max_steps) if linear else None,
-                           min_lr_fraction=lc.min_lr / lc.lr)
+def lr_schedule(spec: EngineSpec):
+    """The schedule (`warmup_schedule`) of an engine built from `spec`."""
+    return warmup_schedule(spec.warmup_steps, spec.critic_warmup_steps, spec.steps_per_update,
+                           decay_iters=spec.decay_iters, min_lr_fraction=spec.min_lr_fraction)
 
 
 # ----------------------------------------------------------------------------------------- engine
@@ -205,11 +241,11 @@ def param_groups(model: nn.Module, lr: float, value_lr: float) -> list[dict]:
     return groups
 
 
-def build_engine(model: nn.Module, cfg: Config, gradient_accumulation_steps: int = 1,
+def build_engine(model: nn.Module, spec: EngineSpec, gradient_accumulation_steps: int = 1,
                  ds_config: dict | None = None):
     """Wrap `model` in a DeepSpeed engine (the process group must exist: `init_distributed`).
 
-    ds_config: a config from `build_ds_config`, possibly adjusted; by default built from `cfg`.
+    ds_config: a config from `build_ds_config`, possibly adjusted; by default built from `spec`.
     Under ZeRO-3 the model's parameters are partitioned in place: afterwards read full weights
     only through `publish.gather_trainable`.
     """
@@ -219,10 +255,10 @@ def build_engine(model: nn.Module, cfg: Config, gradient_accumulation_steps: int
     if not dist.is_initialized():
         raise RuntimeError("build_engine needs the process group: call init_distributed(cfg) first")
     if ds_config is None:
-        ds_config = build_ds_config(cfg, dist.get_world_size(), gradient_accumulation_steps)
-    groups = param_groups(model, cfg.learner.lr, cfg.learner.value_lr)
+        ds_config = build_ds_config(spec, dist.get_world_size(), gradient_accumulation_steps)
+    groups = param_groups(model, spec.lr, spec.value_lr)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config,
-                                           lr_scheduler=lr_schedule(cfg))
+                                           lr_scheduler=lr_schedule(spec))
     return engine
 
 

@@ -152,7 +152,8 @@ def _build_engine(cfg: Config, run_dir: Path, cols_per_rank: int, device):
         build_policy(cfg.policy).save_pretrained(policy_dir)
     dist.barrier()
     policy = load_policy(policy_dir, device=device)
-    engine = ds_engine.build_engine(policy, cfg, gradient_accumulation_steps=_micro_per_minibatch(cfg, cols_per_rank))
+    engine = ds_engine.build_engine(policy, ds_engine.EngineSpec.rl(cfg),
+                                    gradient_accumulation_steps=_micro_per_minibatch(cfg, cols_per_rank))
     return engine, policy_dir
 
 

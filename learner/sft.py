@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from asyncvla.common.config import Config, LearnerConfig, to_dict, to_yaml
+from asyncvla.common.config import Config, to_dict, to_yaml
 from asyncvla.common.demos import DemoSpec, camera_settings, read_demos
 from asyncvla.common.lerobot import is_lerobot
 from asyncvla.common.policy import build_policy, load_policy
@@ -125,9 +125,9 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
 
     torch.manual_seed(sc.seed)
     init_dir = _initial_policy(cfg, samples, data_range, out / "policy_init", rank)
-    policy, engine_cfg, per_rank = load_policy(init_dir), _engine_config(cfg), sc.batch_size // world
-    accum = -(-per_rank // engine_cfg.learner.micro_batch_size)
-    engine = ds_engine.build_engine(policy, engine_cfg, gradient_accumulation_steps=accum)
+    policy, spec, per_rank = load_policy(init_dir), engine_spec(cfg), sc.batch_size // world
+    accum = -(-per_rank // spec.micro_batch_size)
+    engine = ds_engine.build_engine(policy, spec, gradient_accumulation_steps=accum)
     ids, mask = _tokenize(policy, train.instructions)          # rows of train, and of val below
     val_text = _tokenize(policy, val.instructions) if val is not None else (None, None)
     step, history = _continue(engine, out)
@@ -147,7 +147,7 @@ def run(cfg: Config, evaluate: Optional[Callable] = None, default_instruction: O
         if last or (sc.eval_interval and step % sc.eval_interval == 0):
             if evaluate is not None:       # (minutes on ManiSkill: say so rather than look stuck)
                 bar.set_description(f"sft: evaluating on {sc.eval_episodes} episodes", refresh=True)
-            record = _evaluate(engine, eval_policy, val, *val_text, engine_cfg, step, evaluate)
+            record = _evaluate(engine, eval_policy, val, *val_text, cfg, spec.micro_batch_size, step, evaluate)
             record.update(step=step, wall_s=round(time.perf_counter() - t0, 1))
             history.append(record)
             _log_record(writer, bar, record, step)
@@ -226,17 +226,17 @@ def _finish(cfg: Config, engine, eval_policy, writer, out: Path, step: int, samp
 
 
 # ----------------------------------------------------------------------------------- helpers
-def _engine_config(cfg: Config) -> Config:
-    """The config SFT's engine is built from. Its optimiser and schedule come from sft.* alone: a
-    constant sft.lr / sft.value_lr, no warm-up and no decay, on LearnerConfig's defaults for the
-    rest of the optimiser. From learner.* it takes only how the engine runs: precision, and the ZeRO
-    stage and micro-batch where sft.* leaves them null. (A copy of learner.* with some fields reset
-    let every other key leak in: learner.lr_decay_style=linear once decayed SFT's lr to 0.)"""
+def engine_spec(cfg: Config) -> ds_engine.EngineSpec:
+    """SFT's engine. Its optimiser and schedule come from sft.* alone: a constant sft.lr /
+    sft.value_lr, no warm-up and no decay, on the default config's optimiser for the rest. From
+    learner.* it takes only how the engine runs: precision, and the ZeRO stage and micro-batch
+    where sft.* leaves them null. (A copy of learner.* with some fields reset once let every other
+    key leak in: learner.lr_decay_style=linear decayed SFT's lr to 0.)"""
     sc, learner = cfg.sft, cfg.learner
-    own = LearnerConfig(lr=sc.lr, value_lr=sc.value_lr, precision=learner.precision,
-                        zero_stage=learner.zero_stage if sc.zero_stage is None else sc.zero_stage,
-                        micro_batch_size=sc.micro_batch_size or learner.micro_batch_size)
-    return dataclasses.replace(cfg, learner=own)
+    return dataclasses.replace(ds_engine.EngineSpec.rl(Config()), lr=sc.lr, value_lr=sc.value_lr,
+                               precision=learner.precision,
+                               zero_stage=learner.zero_stage if sc.zero_stage is None else sc.zero_stage,
+                               micro_batch_size=sc.micro_batch_size or learner.micro_batch_size)
 
 
 def _tokenize(policy, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -283,16 +283,15 @@ def _train_step(engine, data: SFTSamples, index, ids, mask, cfg: Config, accum: 
 
 
 @torch.no_grad()
-def _evaluate(engine, eval_policy, val, ids, mask, engine_cfg, step, evaluate) -> dict:
+def _evaluate(engine, eval_policy, val, ids, mask, cfg: Config, micro: int, step, evaluate) -> dict:
     """Validation loss, the head's statistics (val_<name>), critic explained variance, then
-    success (rank 0). Validation runs in SFT's micro-batches (`_engine_config`)."""
+    success (rank 0). Validation runs in SFT's micro-batches (`micro`)."""
     record = {"val_loss": None, "val_token_accuracy": None, "val_explained_variance": None}
     if val is not None:
         engine.eval()
         losses, values, head_stats = [], [], {}
-        micro = engine_cfg.learner.micro_batch_size
         for i, rows in enumerate(np.array_split(np.arange(len(val)), -(-len(val) // micro))):
-            loss, value, _, stats = _forward(engine, val, rows, ids, mask, engine_cfg, seed=i)
+            loss, value, _, stats = _forward(engine, val, rows, ids, mask, cfg, seed=i)
             losses.append(loss)
             values.append(value)
             for k, v in stats.items():

@@ -86,9 +86,9 @@ def build(cfg: Config, world: int):
     torch.manual_seed(0)                       # the same init on every rank, as in the learner
     model = TinyAdapterModel()
     reference = copy.deepcopy(model)           # full weights, before ZeRO-3 partitions them
-    ds = ds_engine.build_ds_config(cfg, world, GAS)
+    ds = ds_engine.build_ds_config(ds_engine.EngineSpec.rl(cfg), world, GAS)
     ds["zero_optimization"]["stage3_param_persistence_threshold"] = 0    # partition even tiny params
-    return ds_engine.build_engine(model, cfg, GAS, ds_config=ds), reference
+    return ds_engine.build_engine(model, ds_engine.EngineSpec.rl(cfg), GAS, ds_config=ds), reference
 
 
 def batch(update: int, rank: int, micro: int):
@@ -309,9 +309,9 @@ def phase_policy(out: Path, rank: int, world: int) -> dict:
         VLAPolicy.build(cfg.policy).save_pretrained(str(run_dir / "policy_init"))
     dist.barrier()
     policy = VLAPolicy.from_pretrained(str(run_dir / "policy_init"))
-    ds = ds_engine.build_ds_config(cfg, world, 1)
+    ds = ds_engine.build_ds_config(ds_engine.EngineSpec.rl(cfg), world, 1)
     ds["zero_optimization"]["stage3_param_persistence_threshold"] = 0    # shard every tensor
-    engine = ds_engine.build_engine(policy, cfg, 1, ds_config=ds)
+    engine = ds_engine.build_engine(policy, ds_engine.EngineSpec.rl(cfg), 1, ds_config=ds)
     ema = EmaWeights(cfg.learner.rollout_ema_decay) if rank == 0 else None
     gathered = gather_trainable(engine)
     if ema:
@@ -414,7 +414,7 @@ def policy_engine(cfg, out: Path, rank: int):
         VLAPolicy.build(cfg.policy).save_pretrained(str(out / "policy_init"))
     dist.barrier()
     ref = VLAPolicy.from_pretrained(str(out / "policy_init"))
-    return ref, ds_engine.build_engine(VLAPolicy.from_pretrained(str(out / "policy_init")), cfg, 1)
+    return ref, ds_engine.build_engine(VLAPolicy.from_pretrained(str(out / "policy_init")), ds_engine.EngineSpec.rl(cfg), 1)
 
 
 def phase_update(out: Path, rank: int, world: int) -> dict:

@@ -47,7 +47,7 @@ def _trainable_names():
 def test_ds_config_follows_the_learner_config():
     cfg = Config()
     cfg.learner.micro_batch_size, cfg.learner.clip_grad, cfg.learner.zero_stage = 8, 0.5, 2
-    ds = ds_engine.build_ds_config(cfg, world_size=4, gradient_accumulation_steps=3)
+    ds = ds_engine.build_ds_config(ds_engine.EngineSpec.rl(cfg), world_size=4, gradient_accumulation_steps=3)
     assert ds["train_micro_batch_size_per_gpu"] == 8 and ds["gradient_accumulation_steps"] == 3
     assert ds["train_batch_size"] == 8 * 3 * 4
     assert ds["zero_optimization"]["stage"] == 2 and ds["gradient_clipping"] == 0.5
@@ -56,8 +56,8 @@ def test_ds_config_follows_the_learner_config():
     assert opt["params"]["lr"] == cfg.learner.lr and opt["params"]["eps"] == cfg.learner.adam_eps
     assert ds["bf16"]["enabled"] is torch.cuda.is_available()          # precision 'auto'
     cfg.learner.precision = "bf16"
-    assert ds_engine.build_ds_config(cfg, 1)["bf16"]["enabled"] is True
-    assert ds_engine.build_ds_config(Config(), 1)["zero_optimization"]["stage"] == 3
+    assert ds_engine.build_ds_config(ds_engine.EngineSpec.rl(cfg), 1)["bf16"]["enabled"] is True
+    assert ds_engine.build_ds_config(ds_engine.EngineSpec.rl(Config()), 1)["zero_optimization"]["stage"] == 3
 
 
 def test_param_groups_leave_out_frozen_and_split_the_value_head():
@@ -143,7 +143,7 @@ def test_the_configured_decay_spans_max_steps_unless_told():
             setattr(cfg.learner, k, val)
         cfg.algorithm.update_epochs, cfg.algorithm.num_minibatches = 1, 1
         opt = torch.optim.SGD([{"params": [p], "lr": cfg.learner.lr, "name": "policy"}])
-        sched = ds_engine.lr_schedule(cfg)(opt)
+        sched = ds_engine.lr_schedule(ds_engine.EngineSpec.rl(cfg))(opt)
         out = []
         for _ in range(6):
             out.append(opt.param_groups[0]["lr"] / cfg.learner.lr)

@@ -14,7 +14,7 @@ from asyncvla.actors.collect import collect_demos, env_info
 from asyncvla.common.config import ConfigError, load_config
 from asyncvla.common.demos import write_demos
 from asyncvla.common.policy import VLAPolicy
-from asyncvla.learner.sft import _engine_config
+from asyncvla.learner.sft import engine_spec
 from tests.support.paths import PIXEL
 
 LORA = ["policy.is_lora=true", "policy.lora_rank=4"]
@@ -78,11 +78,11 @@ def test_sft_trains_logs_resumes_and_writes_a_policy_eval_and_export_take(tmp_pa
 
 
 def test_sft_engine_takes_its_own_zero_stage_and_micro_batch_else_the_learners():
-    plain = _engine_config(load_config(str(PIXEL), ["learner.zero_stage=3", "learner.micro_batch_size=32",
-                                                    "sft.lr=0.002"])).learner
+    plain = engine_spec(load_config(str(PIXEL), ["learner.zero_stage=3", "learner.micro_batch_size=32",
+                                                 "sft.lr=0.002"]))
     assert (plain.zero_stage, plain.micro_batch_size, plain.lr) == (3, 32, 0.002)
-    own = _engine_config(load_config(str(PIXEL), ["learner.zero_stage=3", "learner.micro_batch_size=32",
-                                                  "sft.zero_stage=0", "sft.micro_batch_size=64"])).learner
+    own = engine_spec(load_config(str(PIXEL), ["learner.zero_stage=3", "learner.micro_batch_size=32",
+                                               "sft.zero_stage=0", "sft.micro_batch_size=64"]))
     assert (own.zero_stage, own.micro_batch_size) == (0, 64)
     with pytest.raises(ConfigError, match="sft.zero_stage=4"):
         load_config(str(PIXEL), ["sft.zero_stage=4"])
@@ -99,17 +99,17 @@ RL_OPTIMISER_KEYS = ["learner.lr=0.03", "learner.value_lr=0.04", "learner.adam_b
 def sft_optimiser(overrides: list[str]) -> tuple[dict, list]:
     """The DeepSpeed config SFT's engine gets, and its lr per group over 50 optimizer steps."""
     from asyncvla.learner import engine as ds_engine
-    cfg = _engine_config(load_config(str(PIXEL), ["sft.lr=0.002", "sft.value_lr=0.003", *overrides]))
-    groups = [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": cfg.learner.lr, "name": "policy"},
-              {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": cfg.learner.value_lr, "name": "value_head"}]
+    spec = engine_spec(load_config(str(PIXEL), ["sft.lr=0.002", "sft.value_lr=0.003", *overrides]))
+    groups = [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": spec.lr, "name": "policy"},
+              {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": spec.value_lr, "name": "value_head"}]
     opt = torch.optim.SGD(groups, lr=1.0)
-    sched = ds_engine.lr_schedule(cfg)(opt)
+    sched = ds_engine.lr_schedule(spec)(opt)
     lrs = []
     for _ in range(50):
         lrs.append([g["lr"] for g in opt.param_groups])
         opt.step()
         sched.step()
-    return ds_engine.build_ds_config(cfg, world_size=2, gradient_accumulation_steps=2), lrs
+    return ds_engine.build_ds_config(spec, world_size=2, gradient_accumulation_steps=2), lrs
 
 
 def test_no_learner_optimiser_or_schedule_key_changes_sft():

@@ -74,7 +74,7 @@ def build_learner(cfg, world: int, rank: int):
     policy = VLAPolicy.build(cfg.policy)
     batch = workload.make_batch(cfg, policy, cfg.learner.batch_trajectories // world, seed=rank)
     ds_engine.init_distributed(cfg)
-    engine = ds_engine.build_engine(policy, cfg, workload.micro_batches(cfg, world))
+    engine = ds_engine.build_engine(policy, ds_engine.EngineSpec.rl(cfg), workload.micro_batches(cfg, world))
     return engine, batch, engine.device          # cuda where DeepSpeed found a GPU
 
 
