@@ -25,6 +25,9 @@ Three tasks (--task):
     gaussian   the pixel task (plain), the Gaussian head (policy.action_head=gaussian) against the
                parallel token head, each from its own warm start of the same number of SFT steps
                (600), 15 min of RL per run, 3 seeds; each arm's end against the parallel head's.
+    advantages the pixel task (plain), GAE (algorithm.adv_type=gae) against V-trace from the token
+               head's warm start, 15 min of RL per run (--quick: 10 min), 3 seeds; GAE's end
+               against V-trace's.
 The arms (full: sync, async and the two large-lag ones; --arms picks any):
     sync               --sync: rollout and training in series (today's synchronous VLA-RL loop)
     async              asynchronous, V-trace + PPO clipped around the behaviour policy (the default loss)
@@ -37,6 +40,8 @@ The arms (full: sync, async and the two large-lag ones; --arms picks any):
     async_flow_noise   the same with Flow-Noise (ReinFlow: every denoising step Gaussian, learned std)
     async_parallel     async with the parallel token head (policy.action_head=parallel), from its warm start
     async_gaussian     async with the Gaussian head (policy.action_head=gaussian), from its warm start
+    async_gae          async with GAE's advantages (algorithm.adv_type=gae: the critic's, stale data
+                       taken as on-policy)
     grpo, sync_grpo    GRPO (algorithm.adv_type=grpo: groups of episodes from one initial state, no
                        critic), asynchronous / in series: with sync and async, GRPO vs V-trace and
                        async vs sync read off one table (e.g. --task maniskill --arms sync,async,sync_grpo,grpo)
@@ -112,6 +117,8 @@ ARMS = {"sync": ["--sync"],
         # the parallel token head and the Gaussian head, each from its own warm start
         "async_parallel": ["algorithm.policy_loss=behavior_clip", "policy.action_head=parallel"],
         "async_gaussian": ["algorithm.policy_loss=behavior_clip", "policy.action_head=gaussian"],
+        # GAE from the critic instead of V-trace (common/advantages/gae.py)
+        "async_gae": ["algorithm.policy_loss=behavior_clip", "algorithm.adv_type=gae"],
         # critic-free group-relative advantages (algorithm.adv_type=grpo), asynchronous and in series
         "grpo": ["algorithm.adv_type=grpo"],
         "sync_grpo": ["--sync", "algorithm.adv_type=grpo"]}
@@ -184,6 +191,14 @@ TASKS = {
                      tag={"plain": "gaussian"}, baseline="async_parallel",
                      arms={False: ("async_parallel", "async_gaussian"), True: ("async_parallel", "async_gaussian")},
                      seeds={False: 3, True: 3}),
+    # Two advantage estimators (common/advantages/) in the same RL budget from one warm start.
+    "advantages": Task(workload.CONFIG, "PixelReach-v0", ("plain",), thresholds=(0.95, 0.9, 0.85, 0.8),
+                       eval_gap_s={False: 60.0, True: 60.0}, episodes={False: 128, True: 128},
+                       budgets={(False, "plain"): {"sync": 900.0, "async": 900.0},
+                                (True, "plain"): {"sync": 600.0, "async": 600.0}},
+                       sft_args=TOKEN_SFT, tag={"plain": "advantages"},
+                       arms={False: ("async", "async_gae"), True: ("async", "async_gae")},
+                       seeds={False: 3, True: 3}),
     # The real simulator's cost, nothing modelled: `make train`'s config from its own warm start,
     # the learner and the actors on disjoint cores in both arms (on 2 cores: one each). RL lifts
     # that warm start (75-85 %, 1,000 SFT steps) to ~88 % in 200 updates (~23 min) and ~93 % in 370,

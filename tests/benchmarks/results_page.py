@@ -5,7 +5,7 @@
 Reads BENCH/bench.json (the performance table of every benchmark, with the machine and commit) and,
 per learning benchmark, BENCH/learning_TAG.md + .json + .png (TAG `model`: the pixel task at the
 modelled cost; `maniskill`: PushCube at the simulator's own cost; `heads`: the action heads, and
-`gaussian`: the Gaussian head against the parallel one). Writes docs/results.md (the full page:
+`gaussian`: the Gaussian head against the parallel one; `advantages`: GAE against V-trace). Writes docs/results.md (the full page:
 machine, commit, date, every figure, the learning tables and plots). A section whose inputs are
 missing keeps its text from the page as it was, so a benchmark run alone updates only its own
 section. `make bench` calls it last, so the figures a reader sees are the latest measured, never
@@ -41,6 +41,10 @@ LEARNING = {
                  "gaussian`): asynchronous RL on the pixel task for the same wall-clock budget, the Gaussian "
                  "head against the parallel token head, each from its own warm start of the same number of "
                  "SFT steps (600)."),
+    "advantages": ("Learning with each advantage estimator",
+                   "The learning benchmark, `--task advantages` (`python -m tests.benchmarks.learning --task "
+                   "advantages`): asynchronous RL on the pixel task for the same wall-clock budget from the "
+                   "token head's warm start, GAE (`algorithm.adv_type=gae`) against V-trace."),
 }
 SUMMARY = ("Means over seeds with 95 % bootstrap intervals; each async arm against sync (the ratio of "
            "the means, stratified bootstrap) at each threshold every run of the pair reaches; lag is how "
