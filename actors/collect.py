@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from asyncvla.actors.envs import PIXEL_REACH_ID, make_env
-from asyncvla.actors.envs.base import episode_seed
+from asyncvla.actors.envs.starts import episode_seed
 from asyncvla.actors.envs.pixel_task import scripted_actions
 from asyncvla.actors.experts import expert_for
 from asyncvla.common.demos import DemoEpisode, camera_settings
@@ -50,10 +50,9 @@ def collect_demos(cfg, num_episodes: int, action_noise: float, seed: int, num_en
     D = cfg.policy.action_dim
     # A demonstration ends where the expert succeeds, whatever RL's env.ignore_terminations says:
     # past it the expert has nothing to show, and the demo would run to the time limit.
-    env_cfg = dataclasses.replace(cfg.env, auto_reset=False, use_fixed_reset_state_ids=False,
-                                  replay_failed_starts=0.0, ignore_terminations=False)
+    env_cfg = dataclasses.replace(cfg.env, auto_reset=False, ignore_terminations=False)
     num_envs = max(1, min(num_envs, num_episodes))
-    env = make_env(env_cfg, num_envs, cfg.policy.image_size, 1, "action_level", seed, action_dim=D)
+    env = make_env(env_cfg, num_envs, cfg.policy.image_size, 1, "action_level", seed, action_dim=D, purpose="collect")
     rng = np.random.default_rng(seed)
     kept, attempted, solved, round_ = [], 0, 0, 0
     try:

@@ -45,8 +45,7 @@ def evaluate_policy(policy, env_cfg, policy_cfg, episodes: int, greedy: bool = T
     num_envs = min(episodes, num_envs or DEFAULT_NUM_ENVS)
     # Episodes end at success even where training ignores terminations: success counts at any
     # step either way, and ending there skips the rest of the episode.
-    env_cfg = dataclasses.replace(env_cfg, auto_reset=False, use_fixed_reset_state_ids=True,
-                                  replay_failed_starts=0.0, use_proprio=policy_cfg.state_dim > 0,
+    env_cfg = dataclasses.replace(env_cfg, auto_reset=False, use_proprio=policy_cfg.state_dim > 0,
                                   ignore_terminations=False)
     K, D = policy_cfg.num_action_chunks, policy_cfg.action_dim
     tokenize = InstructionCache(policy)
@@ -57,7 +56,7 @@ def evaluate_policy(policy, env_cfg, policy_cfg, episodes: int, greedy: bool = T
     if video_dir is not None:
         Path(video_dir).mkdir(parents=True, exist_ok=True)
     records = []
-    env = make_env(env_cfg, num_envs, policy_cfg.image_size, K, "chunk_level", seed, action_dim=D)
+    env = make_env(env_cfg, num_envs, policy_cfg.image_size, K, "chunk_level", seed, action_dim=D, purpose="evaluate")
     try:
         for r in range(math.ceil(episodes / num_envs)):
             wanted = min(num_envs, episodes - len(records))

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from asyncvla.actors.envs import ChunkEnv, make_env
-from asyncvla.actors.envs.base import REPLAY_TRIES, episode_seed, resize_images
+from asyncvla.actors.envs.base import resize_images
+from asyncvla.actors.envs.starts import REPLAY_TRIES, episode_seed
 from asyncvla.common.config import EnvConfig
 from tests.support.paths import MANISKILL
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from asyncvla.actors.envs.base import ResetSeeds, group_seed
+from asyncvla.actors.envs.starts import StartSchedule, group_seed
 from asyncvla.common.advantages import Outbox, make_estimator
 from asyncvla.common.advantages.grpo import GroupOutbox, group_advantages
 from asyncvla.common.config import load_config
@@ -58,7 +58,7 @@ def test_a_group_of_one_is_refused():
 
 
 def test_grouped_reset_seeds_give_each_group_one_seed_and_every_slot_once():
-    seeds = ResetSeeds(7, num_envs=3, fixed=False, group_size=4)
+    seeds = StartSchedule(7, num_envs=3, fixed=False, group_size=4)
     rng = np.random.default_rng(0)
     history = []
     for i in range(3):                                 # reset(): every env starts an episode
@@ -77,12 +77,12 @@ def test_grouped_reset_seeds_give_each_group_one_seed_and_every_slot_once():
     assert all(len(v) == 1 for v in by_group.values())  # one initial state per group ...
     assert by_group[0] == {group_seed(7, 0)} and group_seed(7, 0) != group_seed(7, 1)   # ... its own
     with pytest.raises(ValueError, match="fixed"):
-        ResetSeeds(7, 2, fixed=True, group_size=4)
+        StartSchedule(7, 2, fixed=True, group_size=4)
 
 
 def test_without_groups_seeds_are_per_env_as_before():
-    from asyncvla.actors.envs.base import episode_seed
-    seeds = ResetSeeds(3, num_envs=2, fixed=False)
+    from asyncvla.actors.envs.starts import episode_seed
+    seeds = StartSchedule(3, num_envs=2, fixed=False)
     assert [seeds.take(0), seeds.take(1), seeds.take(0)] == [episode_seed(3, 0, 0), episode_seed(3, 1, 0),
                                                              episode_seed(3, 0, 1)]
 

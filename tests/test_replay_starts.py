@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from asyncvla.actors.envs import make_env
-from asyncvla.actors.envs.base import REPLAY_TRIES, ResetSeeds, episode_seed
+from asyncvla.actors.envs.starts import REPLAY_TRIES, StartSchedule, episode_seed
 from asyncvla.common.config import ConfigError, EnvConfig, load_config
 
 
-def run_episodes(seeds: ResetSeeds, outcomes, env=0) -> list[int]:
+def run_episodes(seeds: StartSchedule, outcomes, env=0) -> list[int]:
     """The seeds env `env` starts its episodes with, the k-th ending as outcomes[k] (True: solved),
     handed out as the CPU envs do: the next seed is peeked while the current episode runs."""
     started = [seeds.take(env)]
@@ -24,7 +24,7 @@ def run_episodes(seeds: ResetSeeds, outcomes, env=0) -> list[int]:
 
 
 def test_without_replay_the_seeds_are_the_plain_sequence():
-    seeds = ResetSeeds(5, num_envs=2, fixed=False)
+    seeds = StartSchedule(5, num_envs=2, fixed=False)
     assert run_episodes(seeds, [False] * 6, env=1) == [episode_seed(5, 1, k) for k in range(7)]
 
 
@@ -32,15 +32,15 @@ def test_a_failed_start_is_replayed_until_solved_at_most_REPLAY_TRIES_times():
     fresh = [episode_seed(3, 0, k) for k in range(20)]
     # p = 1, every episode fails: a start comes back every other episode (the next seed was
     # already chosen when an episode ends), each REPLAY_TRIES more times, then fresh ones follow.
-    started = run_episodes(ResetSeeds(3, 1, fixed=False, replay_failed=1.0), [False] * 10)
+    started = run_episodes(StartSchedule(3, 1, fixed=False, replay_failed=1.0), [False] * 10)
     a, b = fresh[0], fresh[1]
     assert started[:2 * (REPLAY_TRIES + 1)] == [a, b] * (REPLAY_TRIES + 1)
     assert a not in started[2 * (REPLAY_TRIES + 1):] and b not in started[2 * (REPLAY_TRIES + 1):]
     # a solved start is not replayed
-    started = run_episodes(ResetSeeds(3, 1, fixed=False, replay_failed=1.0), [True, False, True, True])
+    started = run_episodes(StartSchedule(3, 1, fixed=False, replay_failed=1.0), [True, False, True, True])
     assert started.count(fresh[0]) == 1 and started.count(fresh[1]) == 2
     # in between, the share of replayed episodes follows p
-    seeds = ResetSeeds(3, 1, fixed=False, replay_failed=0.3)
+    seeds = StartSchedule(3, 1, fixed=False, replay_failed=0.3)
     started = run_episodes(seeds, np.random.default_rng(0).random(4000) < 0.5)
     replays = len(started) - len(set(started))
     assert 0.15 < replays / len(started) < 0.35, replays
@@ -48,9 +48,9 @@ def test_a_failed_start_is_replayed_until_solved_at_most_REPLAY_TRIES_times():
 
 def test_replay_is_refused_where_it_cannot_hold():
     with pytest.raises(ValueError, match="fixed reset states"):
-        ResetSeeds(1, 2, fixed=True, replay_failed=0.5)
+        StartSchedule(1, 2, fixed=True, replay_failed=0.5)
     with pytest.raises(ValueError, match="group_size"):
-        ResetSeeds(1, 2, fixed=False, group_size=4, replay_failed=0.5)
+        StartSchedule(1, 2, fixed=False, group_size=4, replay_failed=0.5)
     for others, words in ((["algorithm.adv_type=grpo"], "adv_type=grpo"),
                           (["env.use_fixed_reset_state_ids=true"], "use_fixed_reset_state_ids"),
                           (["env.sim_backend=physx_cuda"], "physx_cuda"),

@@ -17,28 +17,29 @@ from typing import Optional
 from asyncvla.actors.envs.base import ChunkEnv, ChunkStep
 from asyncvla.actors.envs.pixel_task import ENV_ID as PIXEL_REACH_ID
 from asyncvla.actors.envs.pixel_task import PixelReachEnv
+from asyncvla.actors.envs.starts import StartSchedule
 
 
 def make_env(env_cfg, num_envs: int, image_size: int, num_action_chunks: int, reward_type: str,
-             seed: int, action_dim: Optional[int] = None, group_size: int = 1) -> ChunkEnv:
-    """Build `num_envs` envs of `env_cfg.id`. `action_dim` (the policy's D) is checked against a
+             seed: int, action_dim: Optional[int] = None, group_size: int = 1, purpose: str = "train") -> ChunkEnv:
+    """Build `num_envs` envs of `env_cfg.id` for `purpose` (train, evaluate or collect: where their
+    episodes start, starts.py StartSchedule). `action_dim` (the policy's D) is checked against a
     ManiSkill task's action space; PixelReach-v0 takes it as is (it reads the first 2 dims).
-    `group_size` > 1 (GRPO): every group_size consecutive episodes start from one initial state
-    (base.py ResetSeeds; `env.episode_slots` numbers them)."""
+    `group_size` > 1 (GRPO, training): every group_size consecutive episodes start from one initial
+    state (`env.episode_slots` numbers them)."""
     if num_envs < 1:
         raise ValueError(f"num_envs={num_envs} must be >= 1")
+    starts = StartSchedule.for_purpose(purpose, env_cfg, seed, num_envs, group_size)
     if env_cfg.id == PIXEL_REACH_ID:
         return PixelReachEnv(num_envs, image_size, num_action_chunks, reward_type, seed,
                              action_dim=action_dim or 2, max_episode_steps=env_cfg.max_episode_steps,
                              reward_mode=env_cfg.reward_mode,
                              ignore_terminations=env_cfg.ignore_terminations,
-                             auto_reset=env_cfg.auto_reset,
-                             fixed_reset_states=env_cfg.use_fixed_reset_state_ids,
-                             instruction=env_cfg.instruction, use_proprio=env_cfg.use_proprio,
-                             group_size=group_size, replay_failed=env_cfg.replay_failed_starts)
+                             auto_reset=env_cfg.auto_reset, instruction=env_cfg.instruction,
+                             use_proprio=env_cfg.use_proprio, starts=starts)
     from asyncvla.actors.envs.maniskill import ManiSkillBatchedEnv, ManiSkillCPUEnv
     cls = ManiSkillBatchedEnv if env_cfg.sim_backend == "physx_cuda" else ManiSkillCPUEnv
-    return cls(env_cfg, num_envs, image_size, num_action_chunks, reward_type, seed, action_dim, group_size)
+    return cls(env_cfg, num_envs, image_size, num_action_chunks, reward_type, seed, action_dim, starts)
 
 
 __all__ = ["make_env", "ChunkEnv", "ChunkStep", "PixelReachEnv", "PIXEL_REACH_ID"]

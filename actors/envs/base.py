@@ -1,5 +1,5 @@
 """What every env of the project shares: the result of one chunk step, the chunk loop that stops
-an env at the end of its episode, episode statistics, reset seeds and image resizing.
+an env at the end of its episode, episode statistics and image resizing (where episodes start: starts.py).
 
 An env here is vectorised over B envs and stepped one action chunk (K env steps) at a time: the
 `ChunkEnv` protocol, whose step returns a `ChunkStep`.
@@ -7,7 +7,6 @@ An env here is vectorised over B envs and stepped one action chunk (K env steps)
 
 from __future__ import annotations
 
-import collections
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol, runtime_checkable
 
@@ -162,96 +161,6 @@ class EpisodeTracker:
                      "success": bool(self.success[i]), "env": int(i) + env_offset} for i in index]
         self.ret[index], self.length[index], self.success[index] = 0.0, 0, False
         return episodes
-
-
-REPLAY_TRIES = 3     # a failed start is replayed at most this often (unless solved first)
-REPLAY_QUEUE = 64    # failed starts waiting for a replay; older ones drop out
-
-
-def episode_seed(seed: int, env_index: int, episode: int) -> int:
-    """Seed of episode `episode` of env `env_index`: a pure function, so evaluations repeat."""
-    return int(np.random.SeedSequence([seed, env_index, episode]).generate_state(1)[0] & 0x7FFFFFFF)
-
-
-def group_seed(seed: int, group: int) -> int:
-    """Seed of every episode of group `group` (GRPO): one initial state for all of them."""
-    return int(np.random.SeedSequence([seed, group, 0, 1]).generate_state(1)[0] & 0x7FFFFFFF)
-
-
-class ResetSeeds:
-    """Which seed each env's next episode resets with, and the slot each episode takes.
-
-    Slots number an actor's episodes in the order their seeds are handed out. Without groups the
-    k-th episode of env i gets episode_seed(seed, i, k); with `fixed` (evaluation) every explicit
-    reset() starts over at k = 0, so each evaluation sees the same initial states; otherwise k
-    keeps counting and training sees fresh ones. With `group_size` G > 1 (GRPO) slots gG ..
-    gG + G - 1 form group g and all get group_seed(seed, g), whichever env runs them: an env
-    reserves its next slot when first asked for its next seed (`peek`), so that seeds handed out
-    before an episode ends are never handed out twice. `slot[i]`: the slot of env i's episode.
-
-    With `replay_failed` p > 0 (training only, env.replay_failed_starts) the seed of an episode
-    that ended unsolved (`ended`) is queued, and an env's next episode starts from the oldest
-    queued one with probability p instead of a fresh one: a start is replayed until it is solved,
-    at most REPLAY_TRIES times, so the starts a policy fails train more often than 1 in N.
-    """
-
-    def __init__(self, seed: int, num_envs: int, fixed: bool, group_size: int = 1,
-                 replay_failed: float = 0.0):
-        if group_size > 1 and fixed:
-            raise ValueError("fixed reset states and groups of episodes exclude each other")
-        if replay_failed and (fixed or group_size > 1):
-            raise ValueError("replaying failed starts is for training without groups of episodes: "
-                             "not with fixed reset states or group_size > 1")
-        if not 0.0 <= replay_failed <= 1.0:
-            raise ValueError(f"replay_failed={replay_failed} is a probability: 0 <= p <= 1")
-        self.seed, self.fixed, self.group_size = int(seed), fixed, int(group_size)
-        self.count = np.zeros(num_envs, np.int64)
-        self.slot = np.full(num_envs, -1, np.int64)
-        self._reserved = np.full(num_envs, -1, np.int64)
-        self._next_slot = 0
-        self.replay_failed = float(replay_failed)
-        self.replayed = np.zeros(num_envs, np.int64)   # how often env i's current start was replayed
-        self._current = np.zeros(num_envs, np.int64)   # env i's current seed
-        self._pending: dict[int, tuple[int, int]] = {}  # env -> (next seed, its replays)
-        self._failed: collections.deque = collections.deque(maxlen=REPLAY_QUEUE)
-        self._rng = np.random.default_rng([int(seed), 0x5EED])
-
-    def restart(self, seed: Optional[int] = None) -> None:
-        if seed is not None:
-            self.seed = int(seed)
-        if seed is not None or self.fixed:
-            self.count[:] = 0
-            self._pending.clear()
-
-    def peek(self, i: int) -> int:
-        if self.group_size > 1:
-            if self._reserved[i] < 0:
-                self._reserved[i], self._next_slot = self._next_slot, self._next_slot + 1
-            return group_seed(self.seed, int(self._reserved[i]) // self.group_size)
-        if i not in self._pending:
-            if self._failed and self._rng.random() < self.replay_failed:
-                self._pending[i] = self._failed.popleft()
-            else:
-                self._pending[i] = (episode_seed(self.seed, i, int(self.count[i])), 0)
-        return self._pending[i][0]
-
-    def take(self, i: int) -> int:
-        s = self.peek(i)
-        if self.group_size == 1:
-            self.slot[i], self._next_slot = self._next_slot, self._next_slot + 1
-            self.replayed[i] = self._pending.pop(i)[1]
-        else:
-            self.slot[i], self._reserved[i] = self._reserved[i], -1
-        self._current[i] = s
-        self.count[i] += 1
-        return s
-
-    def ended(self, i: int, success: bool) -> bool:
-        """Env i's episode ended (before its next `take`): queue its start for a replay if it
-        failed and replays are on. Returns whether that episode was itself a replay."""
-        if self.replay_failed and not success and self.replayed[i] < REPLAY_TRIES:
-            self._failed.append((int(self._current[i]), int(self.replayed[i]) + 1))
-        return bool(self.replayed[i] > 0)
 
 
 def resize_images(images: np.ndarray, size: int) -> np.ndarray:

@@ -26,8 +26,9 @@ from typing import Optional
 import numpy as np
 
 from asyncvla.actors.envs import pool
-from asyncvla.actors.envs.base import (ChunkStep, EpisodeTracker, ResetSeeds, check_actions,
+from asyncvla.actors.envs.base import (ChunkStep, EpisodeTracker, check_actions,
                                        check_reward_type, reduce_reward, resize_images, run_chunk)
+from asyncvla.actors.envs.starts import StartSchedule
 from asyncvla.actors.envs.instructions import instruction_for
 from asyncvla.actors.envs.robot_hulls import draw_robot_with_hulls
 
@@ -269,12 +270,11 @@ class ManiSkillCPUEnv:
     """num_envs CPU ManiSkill envs (one runner each; worker processes when more than one)."""
 
     def __init__(self, cfg, num_envs: int, image_size: int, num_action_chunks: int, reward_type: str,
-                 seed: int, action_dim: Optional[int] = None, group_size: int = 1):
+                 seed: int, action_dim: Optional[int] = None, starts: Optional[StartSchedule] = None):
         check_reward_type(reward_type)
         self.num_envs, self.num_action_chunks, self.reward_type = num_envs, num_action_chunks, reward_type
         self.instructions = [instruction_for(cfg.id, cfg.instruction)] * num_envs
-        self._seeds = ResetSeeds(seed, num_envs, cfg.use_fixed_reset_state_ids, group_size,
-                                 cfg.replay_failed_starts)
+        self._seeds = starts or StartSchedule.for_purpose("train", cfg, seed, num_envs)
         self._started = False
         spec = runner_spec(cfg, image_size)
         self._envs: list = []
@@ -298,7 +298,7 @@ class ManiSkillCPUEnv:
 
     @property
     def episode_slots(self) -> np.ndarray:
-        """int64 [B]: the slot of each env's current episode (base.py ResetSeeds)."""
+        """int64 [B]: the slot of each env's current episode (starts.py)."""
         return self._seeds.slot.copy()
 
     def reset(self, seed: Optional[int] = None) -> dict:
@@ -378,16 +378,17 @@ class ManiSkillBatchedEnv:
     """
 
     def __init__(self, cfg, num_envs: int, image_size: int, num_action_chunks: int, reward_type: str,
-                 seed: int, action_dim: Optional[int] = None, group_size: int = 1):
+                 seed: int, action_dim: Optional[int] = None, starts: Optional[StartSchedule] = None):
         check_reward_type(reward_type)
-        if group_size > 1:
+        starts = starts or StartSchedule.for_purpose("train", cfg, seed, num_envs)
+        if starts.group_size > 1:
             raise ValueError("algorithm.adv_type=grpo needs each group's episodes to start from one initial "
                              "state, which the batched simulator's partial resets cannot restore: use "
                              "env.sim_backend=physx_cpu")
         self.spec = runner_spec(cfg, image_size)
         self.num_envs, self.num_action_chunks, self.reward_type = num_envs, num_action_chunks, reward_type
         self.instructions = [instruction_for(cfg.id, cfg.instruction)] * num_envs
-        self._seeds = ResetSeeds(seed, num_envs, cfg.use_fixed_reset_state_ids)
+        self._seeds = starts
         self.env = make(self.spec, cfg.sim_backend, num_envs)
         self.device = self.env.unwrapped.device
         self.action_dim = int(self.env.unwrapped.single_action_space.shape[0])

@@ -16,8 +16,9 @@ from typing import Optional
 
 import numpy as np
 
-from asyncvla.actors.envs.base import (ChunkStep, EpisodeTracker, ResetSeeds, check_actions,
+from asyncvla.actors.envs.base import (ChunkStep, EpisodeTracker, check_actions,
                                        check_reward_type, reduce_reward, run_chunk)
+from asyncvla.actors.envs.starts import StartSchedule
 
 ENV_ID = "PixelReach-v0"
 DEFAULT_MAX_EPISODE_STEPS = 50
@@ -47,8 +48,8 @@ class PixelReachEnv:
     def __init__(self, num_envs: int, image_size: int, num_action_chunks: int, reward_type: str,
                  seed: int = 0, *, action_dim: int = 2, max_episode_steps: Optional[int] = None,
                  reward_mode: str = "dense", ignore_terminations: bool = False, auto_reset: bool = True,
-                 fixed_reset_states: bool = False, instruction: Optional[str] = None,
-                 use_proprio: bool = False, group_size: int = 1, replay_failed: float = 0.0):
+                 instruction: Optional[str] = None, use_proprio: bool = False,
+                 starts: Optional[StartSchedule] = None):
         check_reward_type(reward_type)
         if action_dim < 2:
             raise ValueError(f"{ENV_ID} needs action_dim >= 2 (x and y velocity), got {action_dim}")
@@ -61,7 +62,7 @@ class PixelReachEnv:
         self.max_episode_steps = max_episode_steps or DEFAULT_MAX_EPISODE_STEPS
         self.ignore_terminations, self.auto_reset = ignore_terminations, auto_reset
         self._instruction = instruction
-        self._seeds = ResetSeeds(seed, num_envs, fixed_reset_states, group_size, replay_failed)
+        self._seeds = starts or StartSchedule(seed, num_envs)      # (make_env builds it for its purpose)
         B = num_envs
         self._agent = np.zeros((B, 2))
         self._target = np.zeros((B, 2))
@@ -80,7 +81,7 @@ class PixelReachEnv:
 
     @property
     def episode_slots(self) -> np.ndarray:
-        """int64 [B]: the slot of each env's current episode (base.py ResetSeeds)."""
+        """int64 [B]: the slot of each env's current episode (starts.py)."""
         return self._seeds.slot.copy()
 
     def reset(self, seed: Optional[int] = None) -> dict:

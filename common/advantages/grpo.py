@@ -2,7 +2,7 @@
 
 An actor numbers the episodes its envs start in the order they start them: the slot s. Slots
 gG .. gG + G - 1 form group g (G = algorithm.group_size), and the env wrapper starts every
-episode of a group from the same initial state (actors/envs/base.py `ResetSeeds`). Once every
+episode of a group from the same initial state (actors/envs/starts.py `StartSchedule`). Once every
 episode of a group has ended, each gets
 
     A_i = (R_i - mean_g R) / (std_g R + eps)        R_i: the sum of episode i's rewards

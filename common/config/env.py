@@ -62,7 +62,7 @@ class EnvConfig:
                                       "starts from the initial state of a recent unsolved episode (each "
                                       "replayed until solved, at most 3 times) instead of a fresh one, so "
                                       "the starts the policy fails train more often; 0: always fresh "
-                                      "(actors/envs/base.py ResetSeeds)", ge=0.0, le=1.0)
+                                      "(actors/envs/starts.py StartSchedule)", ge=0.0, le=1.0)
 
 
 def check_camera(env: "EnvConfig") -> list[str]:
