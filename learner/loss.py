@@ -48,7 +48,7 @@ def ppo_loss(new_logp: torch.Tensor, behavior_logp: torch.Tensor, advantages: to
     """Total loss = policy_loss + value_loss_coef·value_loss − entropy_bonus·mean(entropy).
 
     new_logp, values, entropy: from π_θ (with gradient). behavior_logp: log μ of the actor.
-    advantages, value_targets, rhos: `vtrace`'s pg_advantages, vs, rhos. old_values: V of the
+    advantages, value_targets, rhos: the advantage estimator's (common/advantages/). old_values: V of the
     policy that computed the targets (centre of value clipping). The policy term is
     `clipped_surrogate`'s, on advantages first normalised (mean 0, std 1 over the elements passed
     in, or with `advantage_stats` = (mean, std) of a larger batch when the loss is called per micro
@@ -70,14 +70,8 @@ def ppo_loss(new_logp: torch.Tensor, behavior_logp: torch.Tensor, advantages: to
         raise ValueError(f"ppo_loss: mask {tuple(mask.shape)} must match advantages {tuple(advantages.shape)}")
 
     keep = torch.ones_like(advantages) if mask is None else mask.detach().to(advantages.dtype)
-    adv = advantages.detach()
-    if normalize_advantages:
-        mean, std = advantage_stats if advantage_stats is not None else masked_mean_std(adv, keep)
-        adv = (adv - mean) / (std + 1e-8)
-    adv = adv * advantage_scale
-    per_part = new_logp.dim() == adv.dim() + 1
-    if per_part:
-        adv = adv.unsqueeze(-1)           # one advantage per policy step, shared by its M parts
+    per_part = new_logp.dim() == advantages.dim() + 1
+    adv = _scaled_advantages(advantages, keep, normalize_advantages, advantage_stats, advantage_scale, per_part)
     kept = keep.unsqueeze(-1).expand_as(new_logp) if per_part else keep       # per element
     entropy_keep = keep.unsqueeze(-1).expand_as(entropy) if entropy.dim() == keep.dim() + 1 else keep
 
@@ -175,6 +169,17 @@ def ppo_loss_from_config(alg, **tensors) -> tuple[torch.Tensor, dict]:
                     normalize_advantages=alg.normalize_advantages and est.renormalize,
                     advantage_scale=alg.advantage_scale,
                     policy_loss_type=alg.policy_loss, behave_weight_threshold=alg.behave_weight_threshold)
+
+
+def _scaled_advantages(advantages, keep, normalize: bool, stats, scale: float, per_part: bool) -> torch.Tensor:
+    """Advantages normalised over the kept elements (or by `stats` = (mean, std)), times `scale`;
+    with `per_part`, one per policy step shared by its M log-prob parts ([..., 1])."""
+    adv = advantages.detach()
+    if normalize:
+        mean, std = stats if stats is not None else masked_mean_std(adv, keep)
+        adv = (adv - mean) / (std + 1e-8)
+    adv = adv * scale
+    return adv.unsqueeze(-1) if per_part else adv
 
 
 def _value_loss(values, old_values, targets, kind, huber_delta, value_clip, keep) -> torch.Tensor:
