@@ -1,7 +1,7 @@
 # Only the package layout lives here; the metadata, dependencies and package data are in setup.cfg.
 # This file exists because the repository keeps its folders at the root (actors/, common/, learner/,
 # launch/) and installs them as `asyncvla.<folder>`: setup.cfg's `find:` cannot add that prefix, and
-# a list kept by hand forgets new subpackages (it once left out asyncvla.common.lerobot).
+# a list kept by hand forgets new subpackages (it once left out asyncvla.common.data.lerobot).
 from setuptools import find_namespace_packages, setup
 
 FOLDERS = ("actors", "common", "learner", "launch")

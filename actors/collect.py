@@ -24,7 +24,7 @@ from asyncvla.actors.envs import PIXEL_REACH_ID, make_env
 from asyncvla.actors.envs.starts import episode_seed
 from asyncvla.actors.envs.pixel_task import scripted_actions
 from asyncvla.actors.experts import expert_for
-from asyncvla.common.demos import DemoEpisode, camera_settings
+from asyncvla.common.data.demos import DemoEpisode, camera_settings
 
 # demonstrator(env, action_dim) -> actions float32 [B, 1, D] for the current step
 Demonstrator = Callable[[object, int], np.ndarray]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from asyncvla.common import transport
 from asyncvla.common.config import Config, from_dict
-from asyncvla.common.control import policy_file_parts
+from asyncvla.common.transport.control import policy_file_parts
 from asyncvla.common.policy import VLAPolicy, load_policy
 
 

@@ -28,7 +28,7 @@ from asyncvla.common import placement, transport
 from asyncvla.common.advantages import make_estimator
 from asyncvla.common.config import TransportConfig
 from asyncvla.common.signals import stop_on_signals
-from asyncvla.common.sockets import printable
+from asyncvla.common.transport.sockets import printable
 
 log = logging.getLogger("asyncvla.actor")
 

@@ -10,7 +10,7 @@
              converted episode and saving only those that still reach success.
 3. resize    the configured camera's frames to policy.image_size (as the env wrapper resizes
              them), with the robot's state (obs/agent, obs/extra), the task's instruction and its
-             seed: DemoEpisodes for common/demos.py.
+             seed: DemoEpisodes for common/data/demos.py.
 
 stats: attempted (plans tried), solved (plans that succeeded), converted (that replayed to
 success in the target control mode) and kept.
@@ -30,7 +30,7 @@ import numpy as np
 
 from asyncvla.actors.envs.base import resize_images
 from asyncvla.actors.envs.instructions import instruction_for
-from asyncvla.common.demos import DemoEpisode, read_states
+from asyncvla.common.data.demos import DemoEpisode, read_states
 
 PLAN_CONTROL_MODE = "pd_joint_pos"       # what ManiSkill's solutions command
 

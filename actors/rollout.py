@@ -3,7 +3,7 @@
 A segment holds T+1 observations (the last one bootstraps V), the head's replay of each sampled
 chunk with its behaviour log-probs per action entry, rewards, terminated/truncated apart, the
 final observations of truncated episodes and the stats of episodes that ended. Field names and
-shapes are the protocol's (common/protocol/segments.py) and the head's (`replay_fields`).
+shapes are the protocol's (common/transport/protocol/segments.py) and the head's (`replay_fields`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from asyncvla.common.protocol import OBS_FIELDS, SEGMENT_FIELDS, final_field
+from asyncvla.common.transport.protocol import OBS_FIELDS, SEGMENT_FIELDS, final_field
 
 
 class InstructionCache:

@@ -43,9 +43,9 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from asyncvla.actors.main import run as run_actor
-    from asyncvla.common.auth import join_secret_from_env, read_join_secret
+    from asyncvla.common.transport.auth import join_secret_from_env, read_join_secret
     from asyncvla.common.config import TransportConfig
-    from asyncvla.common.sockets import TransportError
+    from asyncvla.common.transport.sockets import TransportError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s actor %(levelname)s %(message)s")
     for flag, value in (("--num-envs", args.num_envs), ("--join-timeout", args.join_timeout)):

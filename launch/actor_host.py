@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from asyncvla.common import placement
-from asyncvla.common.auth import JOIN_SECRET_ENV
+from asyncvla.common.transport.auth import JOIN_SECRET_ENV
 from asyncvla.common.signals import die_with_parent
 
 ACTOR_STOP_GRACE_S = 10.0

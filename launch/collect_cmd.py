@@ -14,7 +14,7 @@ collect.method=motion_planning (`auto`'s for ManiSkill tasks): ManiSkill's own m
 Only successful episodes are kept; the line at the end gives their share. The output is ManiSkill's trajectory format,
 DIR/trajectory.h5 + DIR/trajectory.json, with images at the policy's size (policy.image_size), the
 instruction of each episode and its seed; `asyncvla sft CONFIG sft.data=DIR` reads it.
---format lerobot writes a LeRobot v3.0 dataset instead (H.264 video at --fps; common/lerobot/write.py),
+--format lerobot writes a LeRobot v3.0 dataset instead (H.264 video at --fps; common/data/lerobot/write.py),
 which `asyncvla sft` reads as well and LeRobot's own tools open.
 """
 
@@ -75,7 +75,7 @@ def collect(cfg, out_dir, fmt: str = "maniskill", fps: int = LEROBOT_FPS) -> dic
 
     from asyncvla.actors.collect import collect_demos, env_info
     from asyncvla.actors.envs import PIXEL_REACH_ID
-    from asyncvla.common.demos import camera_settings, write_demos
+    from asyncvla.common.data.demos import camera_settings, write_demos
 
     c = cfg.collect
     method = c.method if c.method != "auto" else "scripted" if cfg.env.id == PIXEL_REACH_ID else "motion_planning"
@@ -110,7 +110,7 @@ def collect(cfg, out_dir, fmt: str = "maniskill", fps: int = LEROBOT_FPS) -> dic
         source = ("motionplanning", f"ManiSkill's motion-planning solution of {cfg.env.id}, converted to "
                                     f"{cfg.env.control_mode} by mani_skill.trajectory.replay_trajectory")
     if fmt == "lerobot":
-        from asyncvla.common.lerobot.write import write_lerobot
+        from asyncvla.common.data.lerobot.write import write_lerobot
         from asyncvla.launch.sft_cmd import default_instruction
         write_lerobot(out_dir, episodes, fps=fps, camera=cfg.env.camera, default_task=default_instruction(cfg))
     else:

@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from asyncvla.common.demos import DemoError
+    from asyncvla.common.data.demos import DemoError
 
     try:
         if args.fps < 1:
@@ -46,8 +46,8 @@ def run(args) -> int:
 
 def convert(src, out, fps: int, camera=None, task=None) -> tuple[int, int]:
     """Write the episodes of `src` as a LeRobot v3.0 dataset in `out`; (episodes, frames)."""
-    from asyncvla.common.demos import read_demos, read_meta
-    from asyncvla.common.lerobot.write import write_lerobot
+    from asyncvla.common.data.demos import read_demos, read_meta
+    from asyncvla.common.data.lerobot.write import write_lerobot
 
     spec = source_spec(src, camera)
     episodes = read_demos(src, spec)
@@ -64,7 +64,7 @@ def source_spec(src, camera=None):
     import h5py
     import numpy as np
 
-    from asyncvla.common.demos import DemoError, DemoSpec, find_files, read_meta, read_states
+    from asyncvla.common.data.demos import DemoError, DemoSpec, find_files, read_meta, read_states
 
     h5_path, _ = find_files(src)
     episodes = read_meta(src)["episodes"]

@@ -29,9 +29,9 @@ import torch
 
 from asyncvla.actors.evaluate import format_summary, periodic_eval
 from asyncvla.actors.join import join
-from asyncvla.common.auth import join_secret_from_env
+from asyncvla.common.transport.auth import join_secret_from_env
 from asyncvla.common.config import TransportConfig
-from asyncvla.common.control import BYE_HOLD_MAX_S, EVALUATOR_PREFIX
+from asyncvla.common.transport.control import BYE_HOLD_MAX_S, EVALUATOR_PREFIX
 from asyncvla.common.rundir import LEARNER_END, read_end
 from asyncvla.common.signals import stop_on_signals
 

@@ -94,7 +94,7 @@ def client_bundles(keys_dir: str | os.PathLike, needed: int, make_missing: bool 
     """The first `needed` client bundles of an `asyncvla keygen` folder, one per host; with
     `make_missing`, those lacking are made (only before the learner starts: it reads its authorized
     clients once)."""
-    from asyncvla.common.sockets import CLIENTS_DIR
+    from asyncvla.common.transport.sockets import CLIENTS_DIR
     bundles = sorted(p for p in (Path(keys_dir) / CLIENTS_DIR).glob("client_*") if p.is_dir())
     missing = needed - len(bundles)
     if make_missing and missing > 0:
@@ -229,7 +229,7 @@ class Fleet:
 def _join_secret(run_dir: Path) -> str | None:
     """The learner's join secret for a fleet started by hand: $ASYNCVLA_JOIN_SECRET, else the run
     directory's own when --run-dir is the learner's (None: the learner uses CURVE keys)."""
-    from asyncvla.common.auth import JOIN_SECRET_FILE, join_secret_from_env, read_join_secret
+    from asyncvla.common.transport.auth import JOIN_SECRET_FILE, join_secret_from_env, read_join_secret
     if join_secret_from_env():
         return join_secret_from_env()
     return read_join_secret(run_dir) if (run_dir / JOIN_SECRET_FILE).is_file() else None

@@ -1,6 +1,6 @@
 """`asyncvla keygen DIR [--clients N]`: CURVE keys for a learner and its actors.
 
-Writes (the layout common/sockets.py reads):
+Writes (the layout common/transport/sockets.py reads):
 
     DIR/server.key, DIR/server.key_secret          the learner's key pair: set transport.keys_dir=DIR
     DIR/authorized_clients/client_NNN.key          the public keys the learner accepts
@@ -23,7 +23,7 @@ from pathlib import Path
 import zmq
 import zmq.auth
 
-from asyncvla.common.sockets import (AUTHORIZED_DIR, CLIENT_KEY, CLIENT_SECRET, CLIENTS_DIR, SERVER_KEY,
+from asyncvla.common.transport.sockets import (AUTHORIZED_DIR, CLIENT_KEY, CLIENT_SECRET, CLIENTS_DIR, SERVER_KEY,
                                      SERVER_SECRET)
 
 

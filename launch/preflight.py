@@ -101,7 +101,7 @@ def _loopback(host: str) -> bool:
 def _keys(cfg: Config) -> list[str]:
     if not cfg.transport.keys_dir:
         return []
-    from asyncvla.common.sockets import client_keys, server_keys
+    from asyncvla.common.transport.sockets import client_keys, server_keys
     try:
         server_keys(cfg.transport.keys_dir)
         if cfg.launch.num_local_actors:         # local actors take the directory's first client bundle

@@ -40,7 +40,7 @@ def run(args) -> int:
 def sft(cfg) -> int:
     """Run SFT for `cfg` and print where the policy went; 2 on a bad config or demo file."""
     from asyncvla.common.config import ConfigError
-    from asyncvla.common.demos import DemoError
+    from asyncvla.common.data.demos import DemoError
     from asyncvla.learner import sft as sft_loop
 
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s sft %(levelname)s %(message)s")

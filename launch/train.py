@@ -53,9 +53,9 @@ import time
 from pathlib import Path
 
 from asyncvla.common import placement
-from asyncvla.common.auth import JOIN_SECRET_ENV, ensure_join_secret
+from asyncvla.common.transport.auth import JOIN_SECRET_ENV, ensure_join_secret
 from asyncvla.common.config import Config, ConfigError, load_config, parse_overrides, to_yaml
-from asyncvla.common.control import EVALUATOR_PREFIX
+from asyncvla.common.transport.control import EVALUATOR_PREFIX
 from asyncvla.common.rundir import clear_end, read_actors, read_end, run_dir as run_dir_of_config
 from asyncvla.common.signals import LAUNCHER_PID_ENV, catches, descendants, die_with_parent, python_module
 from asyncvla.launch import preflight

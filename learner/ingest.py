@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from asyncvla.common.protocol import FINAL_FIELDS, time_major
-from asyncvla.common.sockets import DropLog
+from asyncvla.common.transport.protocol import FINAL_FIELDS, time_major
+from asyncvla.common.transport.sockets import DropLog
 
 # How far a stream's seq may run past its highest in one segment. An actor counts up by one per
 # segment, and those lost on the way are few; a seq of 2**63 - 1 would end the stream (every later

@@ -9,7 +9,7 @@ watches on who feeds it, and the per-update report.
 
 Rank 0 serves: a joining actor's welcome carries the config, the endpoints, the policy and its
 rollout plan (`ingest.rollout_plan`); without CURVE keys only holders of the run's join secret
-may say hello (common/auth.py). An actor whose columns keep coming out non-finite in updates
+may say hello (common/transport/auth.py). An actor whose columns keep coming out non-finite in updates
 (learner.max_poisoned_columns) is banned on every rank (`report` agrees on it); and at every
 `report` the other ranks' inboxes learn which registrations rank 0 ended, so that they too refuse
 the tokens of actors that left.
@@ -24,11 +24,11 @@ from pathlib import Path
 import torch.distributed as dist
 
 from asyncvla.common import transport
-from asyncvla.common.allocator import keep_freed_buffers
-from asyncvla.common.auth import ensure_join_secret
+from asyncvla.common.transport.allocator import keep_freed_buffers
+from asyncvla.common.transport.auth import ensure_join_secret
 from asyncvla.common.config import Config, to_dict, to_yaml
-from asyncvla.common.protocol import SegmentSpec
-from asyncvla.common.sockets import printable
+from asyncvla.common.transport.protocol import SegmentSpec
+from asyncvla.common.transport.sockets import printable
 from asyncvla.common.trackers import open_trackers
 from asyncvla.learner.collectives import from_rank0, gather
 from asyncvla.learner.ingest import Inbox, PoisonCounts, rollout_plan
@@ -47,7 +47,7 @@ class ActorLink:
                                eval_dir=run_dir / "eval", success_window=cfg.learner.target_success_episodes)
         auth_key = _token_key(cfg)
         if cfg.transport.reuse_receive_buffers:
-            keep_freed_buffers()           # before the first segment: see common/allocator.py
+            keep_freed_buffers()           # before the first segment: see common/transport/allocator.py
         spec = SegmentSpec.for_policy(cfg, engine.module.head, engine.module.action_tokenizer)
         receiver = transport.TrajectoryReceiver(cfg.transport, rank, spec, auth_key=auth_key)
         endpoints = gather(receiver.endpoint)
@@ -161,7 +161,7 @@ def check_alive(servers) -> None:
 
 
 def _token_key(cfg: Config) -> bytes | None:
-    """The key actor tokens are signed with (common/auth.py). With CURVE keys every rank derives
+    """The key actor tokens are signed with (common/transport/auth.py). With CURVE keys every rank derives
     the same one from the learner's secret key (None: the channels' default); without, rank 0
     draws one and shares it, so that every rank's inbox checks the tokens rank 0's control server
     issued (a per-process key would leave ranks > 0 checking nothing)."""

@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 
 from asyncvla.common.config import Config, to_dict, to_yaml
-from asyncvla.common.demos import DemoSpec, camera_settings, read_demos
-from asyncvla.common.lerobot import is_lerobot
+from asyncvla.common.data.demos import DemoSpec, camera_settings, read_demos
+from asyncvla.common.data.lerobot import is_lerobot
 from asyncvla.common.policy import build_policy, load_policy
 from asyncvla.common.rundir import run_dir
 from asyncvla.common.trackers import open_trackers
@@ -74,7 +74,7 @@ def load_samples(cfg: Config, progress: bool = False,
     if not is_lerobot(sc.data):
         episodes = read_demos(sc.data, demo_spec(cfg), max_steps=sc.max_demo_steps)
         return build_samples(episodes, K, gamma, cfg.algorithm.reward_type, instruction), None
-    from asyncvla.common.lerobot.read import LeRobotSource
+    from asyncvla.common.data.lerobot.read import LeRobotSource
     source = LeRobotSource(sc.data, demo_spec(cfg), sc.lerobot)
     frames = frame_store(source.num_steps(sc.max_demo_steps), cfg.policy.image_size, sft_dir(cfg))
     samples = build_samples(source.episodes(sc.max_demo_steps, progress), K, gamma, cfg.algorithm.reward_type,

@@ -20,7 +20,7 @@ from typing import Iterable
 
 import numpy as np
 
-from asyncvla.common.demos import DemoEpisode, DemoError, flat_states
+from asyncvla.common.data.demos import DemoEpisode, DemoError, flat_states
 
 
 @dataclass

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 import time
 
-from asyncvla.common.control import EVALUATOR_PREFIX
+from asyncvla.common.transport.control import EVALUATOR_PREFIX
 from asyncvla.common.rundir import write_actors
-from asyncvla.common.sockets import printable
+from asyncvla.common.transport.sockets import printable
 
 log = logging.getLogger("asyncvla.learner")
 MAX_NAMED = 5                  # actors named in one line (the most recently heard first)

@@ -18,7 +18,7 @@ import torch
 from asyncvla.common.advantages import TargetInputs, make_estimator
 from asyncvla.common.config import Config
 from asyncvla.common.policy import reduce_logprobs
-from asyncvla.common.protocol import OBS_FIELDS, final_field
+from asyncvla.common.transport.protocol import OBS_FIELDS, final_field
 from asyncvla.learner.collectives import any_rank, max_over_ranks
 from asyncvla.learner.ingest import Batch
 from asyncvla.learner.loss import masked_mean_std, ppo_loss_from_config

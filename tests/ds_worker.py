@@ -336,7 +336,7 @@ UPDATE_T, UPDATE_B, REPORTS = 3, 4, 200
 
 def update_batch(policy, cfg, rank: int):
     """A batch as the ingest builds it, with valid action tokens and truncations to bootstrap."""
-    from asyncvla.common.protocol import Segment, SegmentSpec
+    from asyncvla.common.transport.protocol import Segment, SegmentSpec
     from asyncvla.learner.ingest import ColumnBuffer
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # this script runs from tests/
     from tests.support.segments import make_segment
@@ -500,7 +500,7 @@ def phase_poison(out: Path, rank: int, world: int) -> dict:
     first non-finite step. update() must find that column, leave it out, and take finite steps."""
     from asyncvla.common.config import load_config
     from asyncvla.common.policy import VLAPolicy
-    from asyncvla.common.protocol import SegmentSpec
+    from asyncvla.common.transport.protocol import SegmentSpec
     from asyncvla.learner.ingest import ColumnBuffer
     from asyncvla.learner.publish import trainable_finite
     from asyncvla.learner.update import FiniteGuard, update

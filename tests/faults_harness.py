@@ -82,9 +82,9 @@ import msgpack
 import numpy as np
 import zmq
 
-from asyncvla.common import protocol as P
+from asyncvla.common.transport import protocol as P
 from asyncvla.common.signals import descendants, process_start_time, python_module
-from asyncvla.common.trajectory_channel import ack_count
+from asyncvla.common.transport.trajectory_channel import ack_count
 from asyncvla.launch.train import STARTING_S
 from tests.support.paths import PIXEL, REPO
 from tests.support.ports import run_ports
@@ -518,14 +518,14 @@ def endpoints(run: Run) -> dict:
 
 def secret(run_dir: Path) -> dict:
     """The hello meta that carries the run's join secret (what a process that reads RUN can send)."""
-    from asyncvla.common.auth import read_join_secret
+    from asyncvla.common.transport.auth import read_join_secret
     return {"join_secret": read_join_secret(run_dir)}
 
 
 class Registration:
     """A peer that said hello as `actor_id` with the run's join secret and stays registered, as an
     actor does, by heartbeats (a LearnerClient): a token is good only while its registration lasts
-    (common/auth.py). `token` is the newest welcome's; `close()` says bye."""
+    (common/transport/auth.py). `token` is the newest welcome's; `close()` says bye."""
 
     def __init__(self, run: Run, actor_id: str):
         from asyncvla.common import transport
@@ -1882,7 +1882,7 @@ def escaping_names(out: Path) -> Row:
     folder must go), and the real `asyncvla actor` once. Problems (unauthorised): any file written
     anywhere, a join that goes on."""
     from asyncvla.actors.join import join
-    from asyncvla.common.sockets import TransportError
+    from asyncvla.common.transport.sockets import TransportError
     from tests.support.sockets import FakeLearner, tcfg
 
     row = Row("fake learner: escaping file names")

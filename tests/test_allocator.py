@@ -1,4 +1,4 @@
-"""Freed receive buffers are reused, not faulted in afresh (common/allocator.py).
+"""Freed receive buffers are reused, not faulted in afresh (common/transport/allocator.py).
 
 Each case runs in its own process: the setting is process-wide and cannot be undone."""
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from asyncvla.common.allocator import keep_freed_buffers
+from asyncvla.common.transport.allocator import keep_freed_buffers
 
 # Receives 4 frames of 8 MB over loopback tcp, holds them and frees them together, as a learner
 # rank frees a batch of segments; prints the page faults per frame received in each batch after
@@ -18,7 +18,7 @@ from asyncvla.common.allocator import keep_freed_buffers
 RECEIVE_AND_FREE = """
 import resource, sys
 import numpy as np, zmq
-from asyncvla.common.allocator import keep_freed_buffers
+from asyncvla.common.transport.allocator import keep_freed_buffers
 if sys.argv[1] == "keep":
     assert keep_freed_buffers()
 ctx = zmq.Context()

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import zmq
 
-from asyncvla.common import protocol as P
+from asyncvla.common.transport import protocol as P
 from asyncvla.common import transport
-from asyncvla.common.control import policy_file_parts
-from asyncvla.common.sockets import Node, TransportError, printable
+from asyncvla.common.transport.control import policy_file_parts
+from asyncvla.common.transport.sockets import Node, TransportError, printable
 from asyncvla.launch import cli
 from tests.support.paths import REPO
 from tests.support.segments import make_segment
@@ -170,8 +170,8 @@ def test_a_token_is_refused_on_every_port_once_its_registration_ends(tmp_path):
 def test_a_registration_ends_with_a_bye_a_time_out_or_a_replacement():
     """The registry ends in the ledger each registration it lets go; a hello from the holding
     connection keeps its registration (and its token) alive."""
-    from asyncvla.common.auth import TokenLedger
-    from asyncvla.common.control.server import Registry
+    from asyncvla.common.transport.auth import TokenLedger
+    from asyncvla.common.transport.control.server import Registry
     ledger, live = TokenLedger(b"k" * 32), {b"c1", b"c2", b"c3"}
     registry = Registry(connected=lambda identity: identity in live, ended=ledger.end)
     token = lambda actor, identity: ledger.issue(actor, "", registry.actors[actor].registration)  # noqa: E731
@@ -197,7 +197,7 @@ def _rank_of_a_link(rank: int, port: int, answers) -> None:
     reads: rank 0 holds the control server (here: which registrations ended), rank 1 an inbox."""
     import torch.distributed as dist
     from types import SimpleNamespace
-    from asyncvla.common.auth import TokenLedger
+    from asyncvla.common.transport.auth import TokenLedger
     from asyncvla.learner.link import ActorLink
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
@@ -406,7 +406,7 @@ def test_without_keys_only_holders_of_the_run_s_join_secret_may_say_hello(tmp_pa
     """RUN/join_secret is drawn once (0600) and kept; a control server given it refuses a hello
     without it or with another, in one counted line and an error saying why; the actor command
     without it exits 1 with that line, and with --run-dir RUN it joins."""
-    from asyncvla.common.auth import JOIN_SECRET_ENV, ensure_join_secret, read_join_secret
+    from asyncvla.common.transport.auth import JOIN_SECRET_ENV, ensure_join_secret, read_join_secret
     secret = ensure_join_secret(tmp_path)
     assert ensure_join_secret(tmp_path) == secret == read_join_secret(tmp_path) and len(secret) == 64
     assert oct((tmp_path / "join_secret").stat().st_mode & 0o777) == "0o600"

@@ -15,7 +15,7 @@ from asyncvla.actors.experts import push_cube_action
 from asyncvla.actors.envs.pixel_task import PixelReachEnv
 from asyncvla.common.config import EnvConfig, load_config
 from asyncvla.actors.envs.maniskill import flat_state
-from asyncvla.common.demos import (DemoError, DemoSpec, camera_settings, find_files, flat_states, read_demos,
+from asyncvla.common.data.demos import (DemoError, DemoSpec, camera_settings, find_files, flat_states, read_demos,
                                   write_demos)
 from tests.support.paths import PIXEL
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asyncvla.common.auth import ensure_join_secret, read_join_secret
+from asyncvla.common.transport.auth import ensure_join_secret, read_join_secret
 from asyncvla.common.config import TransportConfig, load_config, to_yaml
-from asyncvla.common.control import LearnerClient
-from asyncvla.common.weight_channel import WeightSubscriber
+from asyncvla.common.transport.control import LearnerClient
+from asyncvla.common.transport.weight_channel import WeightSubscriber
 from asyncvla.launch.train import learner_command
 from asyncvla.learner.checkpoint import read_client_state
 from tests.support.paths import PIXEL

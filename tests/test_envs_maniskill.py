@@ -249,7 +249,7 @@ def test_scripted_push_cube_demos_in_the_rl_control_mode(tmp_path):
     import subprocess
     import sys
 
-    from asyncvla.common.demos import DemoError, DemoSpec, read_demos
+    from asyncvla.common.data.demos import DemoError, DemoSpec, read_demos
 
     out = tmp_path / "demos"
     r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "collect", str(MANISKILL),

@@ -30,7 +30,7 @@ import threading
 import numpy as np
 import pytest
 
-from asyncvla.common import protocol as P
+from asyncvla.common.transport import protocol as P
 from asyncvla.common import transport
 from asyncvla.learner.ingest import Inbox
 from tests import faults_harness as H

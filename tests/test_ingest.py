@@ -10,12 +10,12 @@ import time
 import numpy as np
 import pytest
 
-from asyncvla.common import protocol as P
+from asyncvla.common.transport import protocol as P
 from asyncvla.common import transport
 from asyncvla.common.config import Config, TransportConfig
-from asyncvla.common.control import ControlServer, LearnerClient
-from asyncvla.common.sockets import ThreadDied
-from asyncvla.common.weight_channel import WeightServer, WeightSubscriber
+from asyncvla.common.transport.control import ControlServer, LearnerClient
+from asyncvla.common.transport.sockets import ThreadDied
+from asyncvla.common.transport.weight_channel import WeightServer, WeightSubscriber
 from asyncvla.learner.ingest import MAX_SEQ_JUMP, ColumnBuffer, Inbox, SeenSegments, rollout_plan
 from asyncvla.learner.metrics import Metrics, TargetWatch, windowed_success
 from tests.support.segments import LIMITS, make_segment, make_spec

@@ -15,9 +15,9 @@ import pytest
 
 from asyncvla.actors.collect import collect_demos, env_info
 from asyncvla.common.config import LeRobotConfig, load_config
-from asyncvla.common.demos import DemoEpisode, DemoError, DemoSpec, flat_states, read_demos, write_demos
-from asyncvla.common.lerobot.read import LeRobotSource
-from asyncvla.common.lerobot.write import write_lerobot
+from asyncvla.common.data.demos import DemoEpisode, DemoError, DemoSpec, flat_states, read_demos, write_demos
+from asyncvla.common.data.lerobot.read import LeRobotSource
+from asyncvla.common.data.lerobot.write import write_lerobot
 from asyncvla.common.policy import VLAPolicy
 from asyncvla.launch import cli
 from asyncvla.learner.sft import load_samples

@@ -18,8 +18,8 @@ import pytest
 
 from asyncvla.actors.collect import collect_demos, env_info
 from asyncvla.common.config import LeRobotConfig, load_config
-from asyncvla.common.demos import DemoSpec, flat_states, write_demos
-from asyncvla.common.lerobot.read import LeRobotSource
+from asyncvla.common.data.demos import DemoSpec, flat_states, write_demos
+from asyncvla.common.data.lerobot.read import LeRobotSource
 from asyncvla.launch import cli
 from tests.support.paths import MANISKILL, PIXEL, REPO
 

@@ -13,7 +13,7 @@ import pytest
 from asyncvla.actors.envs.base import resize_images
 from asyncvla.actors.envs.maniskill import flat_state
 from asyncvla.actors.motion_planning import check_task, collect_motion_planning
-from asyncvla.common.demos import flat_states
+from asyncvla.common.data.demos import flat_states
 from asyncvla.common.config import load_config
 from tests.support.paths import QUICKSTART
 

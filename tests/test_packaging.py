@@ -2,7 +2,7 @@
 
 `make setup` installs the checkout in editable mode, where every folder is importable whatever the
 packaging says; a wheel holds only what setup.py / setup.cfg name. A package missing from a hand-kept
-list (asyncvla.common.lerobot once was) broke `pip install .` while every other test passed. So:
+list (asyncvla.common.data.lerobot once was) broke `pip install .` while every other test passed. So:
 build the wheel from a copy of the checkout, as a fresh clone would have it (the source tree gets no
 build/ folder), compare its members with git's file list, install it into a new venv that is not
 editable, and run it from there. ~10 s on 2 quiet cores (~20 with one busy), most of it importing
@@ -76,10 +76,10 @@ def test_wheel_holds_every_module_and_data_file(built):
 PROBE = """
 import json, sys
 from pathlib import Path
-import asyncvla.learner.sft, asyncvla.common.lerobot.read, asyncvla.launch
+import asyncvla.learner.sft, asyncvla.common.data.lerobot.read, asyncvla.launch
 launch = Path(asyncvla.launch.__file__).parent
 print(json.dumps({
-    "modules": [asyncvla.learner.sft.__file__, asyncvla.common.lerobot.read.__file__],
+    "modules": [asyncvla.learner.sft.__file__, asyncvla.common.data.lerobot.read.__file__],
     "data": [str(p) for p in (launch / "slurm" / "asyncvla.sbatch", launch / "setup_vulkan.sh")
              if p.is_file()],
     "editable_finders": [str(f) for f in sys.meta_path

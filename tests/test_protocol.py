@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from asyncvla.common import protocol as P
-from asyncvla.common.protocol import Limits, Segment, SegmentSpec, ValidationError
+from asyncvla.common.transport import protocol as P
+from asyncvla.common.transport.protocol import Limits, Segment, SegmentSpec, ValidationError
 from tests.support.segments import LIMITS, as_bytearrays, make_segment, make_spec
 from tests.support.wire import header_of, pack_header
 

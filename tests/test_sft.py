@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from asyncvla.actors.collect import collect_demos, env_info
 from asyncvla.common.config import ConfigError, load_config
-from asyncvla.common.demos import write_demos
+from asyncvla.common.data.demos import write_demos
 from asyncvla.common.policy import VLAPolicy
 from asyncvla.learner.sft import engine_spec
 from tests.support.paths import PIXEL

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from asyncvla.common.demos import DemoEpisode
+from asyncvla.common.data.demos import DemoEpisode
 from asyncvla.learner.sft import explained_variance, sft_loss
 from asyncvla.learner.sft_data import (action_chunks, action_range_q99, build_samples, random_shift,
                                        returns_to_go, split_by_episode)

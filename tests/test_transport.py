@@ -15,10 +15,10 @@ import psutil
 import pytest
 import zmq
 
-from asyncvla.common import protocol as P
+from asyncvla.common.transport import protocol as P
 from asyncvla.common import transport
-from asyncvla.common.sockets import bound_endpoint
-from asyncvla.common.trajectory_channel import ack_count, ack_frame
+from asyncvla.common.transport.sockets import bound_endpoint
+from asyncvla.common.transport.trajectory_channel import ack_count, ack_frame
 from tests.support.paths import REPO
 from tests.support.segments import make_segment, make_spec, process_token
 from tests.support.sockets import deep_list, hostile_requests, reasons_of, send_raw, tcfg, wait_until

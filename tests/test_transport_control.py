@@ -14,10 +14,10 @@ import pytest
 import zmq
 import zmq.auth
 
-from asyncvla.common import protocol as P
+from asyncvla.common.transport import protocol as P
 from asyncvla.common import transport
-from asyncvla.common.control import Registry
-from asyncvla.common.sockets import TransportError, bound_endpoint
+from asyncvla.common.transport.control import Registry
+from asyncvla.common.transport.sockets import TransportError, bound_endpoint
 from asyncvla.launch import cli
 from tests.support.paths import REPO
 from tests.support.ports import free_ports, run_ports

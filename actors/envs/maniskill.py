@@ -252,7 +252,7 @@ def name_ordered(tree: dict) -> dict:
 
 def flat_state(tree: dict) -> np.ndarray:
     """float32 [S]: the leaves of a nested observation dict, each level in name order (the order
-    common/demos.py reads a recorded state in)."""
+    common/data/demos.py reads a recorded state in)."""
     leaves = []
 
     def walk(node):

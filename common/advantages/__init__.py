@@ -87,7 +87,7 @@ class Estimator:
         return Outbox()
 
     def segment_fields(self) -> dict:
-        """Arrays a segment carries for it: name -> common.protocol Field."""
+        """Arrays a segment carries for it: name -> common.transport.protocol Field."""
         return {}
 
     def segment_bounds(self) -> dict:

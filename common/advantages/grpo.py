@@ -26,7 +26,7 @@ from collections import deque
 
 import numpy as np
 
-from asyncvla.common.protocol.segments import Field
+from asyncvla.common.transport.protocol.segments import Field
 
 from . import Estimator, Outbox, TargetInputs, Targets, register, step_log_ratio
 

@@ -29,7 +29,7 @@ class CollectConfig:
 @dataclass
 class LeRobotConfig:
     """How a dataset in LeRobot's format (sft.data names a directory with meta/info.json) maps onto
-    what the policy reads (common/lerobot/read.py)."""
+    what the policy reads (common/data/lerobot/read.py)."""
     camera: Optional[str] = opt(None, "the video feature the policy sees (e.g. observation.images.top); "
                                 "null: the first video feature in meta/info.json")
     state: List[str] = opt(["observation.state"], "features concatenated, in this order, into the robot "

@@ -11,7 +11,7 @@ ZeroMQ's I/O threads: where encode, validation and the Python around them show),
             msgpack header and one zero-copy frame per array, no checks (the baseline, >= 80 %);
   raw_same  bare pyzmq moving our very frames (small arrays packed), no checks: what our
             encode, validation and acks cost beyond the frames themselves.
-The receiving process keeps freed memory mapped, as a learner rank does (common/allocator.py),
+The receiving process keeps freed memory mapped, as a learner rank does (common/transport/allocator.py),
 for all three modes: taking up to BURST segments at a time and freeing them together, as a learner
 does, would otherwise hand their buffers back to the kernel and fault fresh pages in for the next.
 Weights: publish-to-available
@@ -35,12 +35,12 @@ import numpy as np
 import psutil
 import zmq
 
-from asyncvla.common import protocol as P
+from asyncvla.common.transport import protocol as P
 from asyncvla.common import transport
-from asyncvla.common.allocator import keep_freed_buffers
-from asyncvla.common.auth import actor_token
+from asyncvla.common.transport.allocator import keep_freed_buffers
+from asyncvla.common.transport.auth import actor_token
 from asyncvla.common.config import TransportConfig
-from asyncvla.common.protocol import Segment, SegmentSpec
+from asyncvla.common.transport.protocol import Segment, SegmentSpec
 from tests.support.segments import make_spec
 from tests.benchmarks.report import Figure, at_least, main
 

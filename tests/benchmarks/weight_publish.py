@@ -67,7 +67,7 @@ def measure(kind: str, versions: int, step_updates: int) -> dict:
         else:
             load = partial(VLAPolicy.load_trainable_state_dict, LoraPayload(lora_7b_shapes()))
         info = _recv(parent)
-        from asyncvla.common.auth import actor_token
+        from asyncvla.common.transport.auth import actor_token
         sub = WeightSubscriber(info["endpoint"], TransportConfig(), actor_id="bench",
                                token=actor_token(KEY, "bench", "", "bench"))
         rows = []

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from asyncvla.common import protocol as P
-from asyncvla.common.auth import actor_token, learner_key
+from asyncvla.common.transport import protocol as P
+from asyncvla.common.transport.auth import actor_token, learner_key
 from asyncvla.common.config import FlowConfig, PolicyConfig
 from asyncvla.common.policy.heads import make_head
-from asyncvla.common.protocol import Limits, Segment, SegmentSpec
+from asyncvla.common.transport.protocol import Limits, Segment, SegmentSpec
 
 LIMITS = Limits.for_kind(P.SEGMENT, 64)
 
@@ -34,7 +34,7 @@ def make_segment(spec: SegmentSpec | None = None, B: int = 8, seq: int = 0, acto
                  truncations: int = 2, episodes: int = 3, rng=None) -> Segment:
     """A segment as an actor builds it: random contents consistent with the schema (its head's
     replay included), and the token that a learner's servers in this process (without CURVE) give
-    `actor_id` (common/auth.py)."""
+    `actor_id` (common/transport/auth.py)."""
     spec = spec or make_spec(B=B)
     rng = rng if rng is not None else np.random.default_rng(seq)
     episodes = min(episodes, spec.num_steps * B)     # an env ends at most one episode per policy step

@@ -21,9 +21,9 @@ import time
 
 import zmq
 
-from asyncvla.common import protocol as P
+from asyncvla.common.transport import protocol as P
 from asyncvla.common.config import TransportConfig
-from asyncvla.common.sockets import bound_endpoint
+from asyncvla.common.transport.sockets import bound_endpoint
 from tests.support.segments import make_spec
 from tests.support.wire import pack_header
 

@@ -1,4 +1,4 @@
-"""Editing messages as they travel (common/protocol.py's format), for tests that build bad ones."""
+"""Editing messages as they travel (common/transport/protocol.py's format), for tests that build bad ones."""
 
 from __future__ import annotations
 

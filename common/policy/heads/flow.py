@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncvla.common.protocol import Field
+from asyncvla.common.transport.protocol import Field
 
 from . import Acted, ActionHead, Scored, SFTLoss, register
 from ..flow import flow_matching_loss, interpolate, sample_time

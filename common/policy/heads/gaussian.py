@@ -17,7 +17,7 @@ import math
 import torch
 from torch import nn
 
-from asyncvla.common.protocol import Field
+from asyncvla.common.transport.protocol import Field
 
 from . import Acted, ActionHead, Scored, SFTLoss, register
 from ..flow import bounded_log_std, gaussian_entropy, gaussian_logprob

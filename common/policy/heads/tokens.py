@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncvla.common.protocol import Field
+from asyncvla.common.transport.protocol import Field
 
 from . import Acted, ActionHead, Scored, SFTLoss
 from ..logprobs import action_log_softmax, token_logprobs

@@ -42,7 +42,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ...config import PolicyConfig
-from ...protocol import Field
+from ...transport.protocol import Field
 from ..action_tokenizer import ActionTokenizer
 from ..flow import flow_matching_loss, interpolate, sample_time
 from ..flow_sampling import FlowSampling, chain_logprob, sample_chain

@@ -8,6 +8,6 @@ lerobot itself is not a dependency (its releases pin torch and Python versions t
 not); pyarrow reads and writes the parquet files, PyAV the videos.
 """
 
-from asyncvla.common.lerobot.layout import is_lerobot
+from asyncvla.common.data.lerobot.layout import is_lerobot
 
 __all__ = ["is_lerobot"]

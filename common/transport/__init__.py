@@ -1,26 +1,26 @@
 """ZeroMQ transport between actors and the learner: the three channels under one name.
 
-    trajectories  common/trajectory_channel.py  actor TrajectorySender -> rank r TrajectoryReceiver
+    trajectories  common/transport/trajectory_channel.py  actor TrajectorySender -> rank r TrajectoryReceiver
                                                  (acked, bounded, backpressure)
-    weights       common/weight_channel.py      rank 0 WeightServer <- actor WeightSubscriber
+    weights       common/transport/weight_channel.py      rank 0 WeightServer <- actor WeightSubscriber
                                                  ("newer than v?" long polls)
-    control       common/control/               rank 0 ControlServer <- actor LearnerClient
+    control       common/transport/control/               rank 0 ControlServer <- actor LearnerClient
                                                  (hello/welcome, heartbeats, bye)
 
-Messages are those of common/protocol/ (msgpack header + raw frames, zero-copy both ways);
+Messages are those of common/transport/protocol/ (msgpack header + raw frames, zero-copy both ways);
 every received one is validated, and an invalid one, whatever it holds, is dropped, counted per
 reason in `.stats` and logged at a bounded rate. A server thread that dies all the same (a bug)
 keeps its exception: the server's `check()` raises ThreadDied naming it (the learner polls it).
 Endpoints are tcp://HOST:PORT or ipc://PATH; the servers take an explicit `endpoint=` (tests,
 ipc) instead of the configured port. Keys (CURVE) and the public-bind rule: see
-common/sockets.py. This module holds no code of its own.
+common/transport/sockets.py. This module holds no code of its own.
 """
 
-from asyncvla.common.control import ControlServer, LearnerClient, Registry
-from asyncvla.common.protocol import Segment, SegmentSpec, ValidationError
-from asyncvla.common.sockets import ThreadDied, TransportError
-from asyncvla.common.trajectory_channel import BACKPRESSURE, TrajectoryReceiver, TrajectorySender
-from asyncvla.common.weight_channel import WeightServer, WeightSubscriber
+from asyncvla.common.transport.control import ControlServer, LearnerClient, Registry
+from asyncvla.common.transport.protocol import Segment, SegmentSpec, ValidationError
+from asyncvla.common.transport.sockets import ThreadDied, TransportError
+from asyncvla.common.transport.trajectory_channel import BACKPRESSURE, TrajectoryReceiver, TrajectorySender
+from asyncvla.common.transport.weight_channel import WeightServer, WeightSubscriber
 
 __all__ = ["BACKPRESSURE", "TrajectoryReceiver", "TrajectorySender", "WeightServer", "WeightSubscriber", "ControlServer",
            "LearnerClient", "Registry", "Segment", "SegmentSpec", "ThreadDied", "TransportError", "ValidationError"]

@@ -24,7 +24,7 @@ foresaw becomes reason "decode_error"), so a receiving thread never dies of its 
 
 Message kinds: "segment" (actor -> learner rank: segments.py), "weights" (learner -> actor:
 version + named tensors) and the small control messages (messages.py). No sockets here:
-common/transport.py moves the frames.
+common/transport/__init__.py moves the frames.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""ZeroMQ plumbing shared by the channels of common/transport.py: endpoints, the public-bind
+"""ZeroMQ plumbing shared by the channels of common/transport/__init__.py: endpoints, the public-bind
 rule, CURVE keys, configured sockets, serving threads that report their death, and bounded-rate
 drop logging.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import zmq
 import zmq.auth
 
-from asyncvla.common.auth import learner_key
+from asyncvla.common.transport.auth import learner_key
 
 log = logging.getLogger("asyncvla.transport")
 
@@ -159,7 +159,7 @@ class Node:
 
     @property
     def token_key(self) -> bytes:
-        """The key actor tokens are signed with (common/auth.py): from the CURVE secret key, if any."""
+        """The key actor tokens are signed with (common/transport/auth.py): from the CURVE secret key, if any."""
         return learner_key(self.curve[1] if self.curve is not None else None)
 
     def socket(self, kind: int, *, bind: str | None = None, connect=(), secure: bool = True,

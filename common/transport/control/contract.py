@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from asyncvla.common.protocol import ValidationError
+from asyncvla.common.transport.protocol import ValidationError
 
 BACKOFF_MIN_S = 0.1
 ID_WAIT_S = 60.0              # a first hello refused as id_taken is said again for this long

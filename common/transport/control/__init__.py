@@ -20,7 +20,7 @@
 The learner's ControlServer keeps a `Registry` of live actors (joins, leaves, time-outs), each
 held by the connection it joined on until that connection is gone, and bound to the CURVE key it
 joined with; the token in the welcome admits the actor to the other requests and channels
-(common/auth.py). The actor's LearnerClient re-sends hello with back-off when the learner goes
+(common/transport/auth.py). The actor's LearnerClient re-sends hello with back-off when the learner goes
 silent for heartbeat_timeout_s and rejoins when it is back (a restarted learner has new ROUTER
 identities and an empty registry; its "rejoin" answer to a heartbeat makes the actor say hello
 again). Until the first welcome it warns every so often, with what to check.

@@ -15,10 +15,10 @@ from typing import Callable
 
 import zmq
 
-from asyncvla.common.auth import TokenLedger, new_registration, peer_key, valid_join_secret
-from asyncvla.common.protocol import (MAX_NAME_LEN, REQUEST_MAX_BYTES, Limits, ValidationError, decode_control,
+from asyncvla.common.transport.auth import TokenLedger, new_registration, peer_key, valid_join_secret
+from asyncvla.common.transport.protocol import (MAX_NAME_LEN, REQUEST_MAX_BYTES, Limits, ValidationError, decode_control,
                                       encode_control)
-from asyncvla.common.sockets import DropLog, Node, ServiceThread, advertised, bind_endpoint, bound_endpoint, printable
+from asyncvla.common.transport.sockets import DropLog, Node, ServiceThread, advertised, bind_endpoint, bound_endpoint, printable
 
 from .contract import BYE_HOLD_BEAT_S, BYE_WAIT_MAX_S, POLL_MS
 
@@ -34,7 +34,7 @@ class ActorInfo:
     joined_at: float
     last_seen: float
     key: str = ""             # the CURVE public key it joined with ("" without CURVE)
-    registration: str = ""    # named in its token; ends when it leaves (common/auth.py)
+    registration: str = ""    # named in its token; ends when it leaves (common/transport/auth.py)
 
 
 class Registry:
@@ -158,7 +158,7 @@ class ControlServer:
     adds the heartbeat settings, its `learner_id` (drawn per server: a client tells a restarted
     learner from the same one) and the actor's token, from `tokens` (a TokenLedger, which the
     weight server and inbox share to refuse tokens whose registration ended; default: one of its
-    own over `auth_key`, else this node's key: common/auth.py). With `join_secret` (the run's,
+    own over `auth_key`, else this node's key: common/transport/auth.py). With `join_secret` (the run's,
     without CURVE keys) a hello must carry it: one without it, or with another, is refused
     ("no_join_secret", "wrong_join_secret"). With `policy_dir`, registered actors that cannot read
     policy.path fetch that directory's files once. Requests that fail the token check are refused

@@ -29,8 +29,8 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from asyncvla.common.demos import DemoEpisode, DemoError, DemoSpec
-from asyncvla.common.lerobot import layout
+from asyncvla.common.data.demos import DemoEpisode, DemoError, DemoSpec
+from asyncvla.common.data.lerobot import layout
 
 # The largest |action| accepted: a million times the envs' bound of 1 (see the module docstring).
 MAX_ABS_ACTION = 1e6

@@ -21,8 +21,8 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from asyncvla.common.demos import STATE_GROUPS, DemoEpisode, flat_states
-from asyncvla.common.lerobot import layout
+from asyncvla.common.data.demos import STATE_GROUPS, DemoEpisode, flat_states
+from asyncvla.common.data.lerobot import layout
 
 VIDEO_CODEC = "h264"           # libx264 through PyAV; lerobot's own default is AV1 (libsvtav1)
 VIDEO_OPTIONS = {"crf": "18", "g": "2"}   # near-lossless; a key frame every 2 frames, as lerobot, for seeking

@@ -159,7 +159,7 @@ def find_files(path) -> tuple[Path, Path]:
 def _no_trajectory_file(p: Path) -> str:
     """Why directory `p` holds no trajectory file, in one line: a LeRobot dataset is named as one
     (its reader, not this one, takes it), so a broken one is not reported as missing .h5 files."""
-    from asyncvla.common.lerobot import layout
+    from asyncvla.common.data.lerobot import layout
 
     if layout.is_lerobot(p):
         return (f"{p}: a LeRobot dataset ({layout.INFO}), not ManiSkill's trajectory files; "

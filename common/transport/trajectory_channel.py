@@ -19,7 +19,7 @@ an actor's segments could pile up untaken at such a rank (its turns there come r
 rank took from others, e.g. from an actor that then left) until they filled the whole allowance,
 and a rank waiting for data got nothing from anyone: the run stalled.
 
-A segment's meta carries the actor's token (common/auth.py): a rank drops one from an actor the
+A segment's meta carries the actor's token (common/transport/auth.py): a rank drops one from an actor the
 learner did not welcome, counted as stats["invalid"]["unregistered"], and one whose token's
 registration has ended (the actor left, timed out or was replaced), as ["stale_token"].
 """
@@ -33,10 +33,10 @@ from typing import Sequence
 
 import zmq
 
-from asyncvla.common.auth import TokenLedger, peer_key
-from asyncvla.common.protocol import (REQUEST_MAX_BYTES, SEGMENT, Limits, Segment, SegmentSpec, ValidationError,
+from asyncvla.common.transport.auth import TokenLedger, peer_key
+from asyncvla.common.transport.protocol import (REQUEST_MAX_BYTES, SEGMENT, Limits, Segment, SegmentSpec, ValidationError,
                                       decode_segment, encode_segment)
-from asyncvla.common.sockets import DropLog, Node, advertised, bind_endpoint, bound_endpoint
+from asyncvla.common.transport.sockets import DropLog, Node, advertised, bind_endpoint, bound_endpoint
 
 log = logging.getLogger("asyncvla.transport")
 
@@ -128,7 +128,7 @@ class TrajectoryReceiver:
         self._node.close(0)
 
     def _refusal(self, actor_id, frame, token) -> str | None:
-        """Why the token does not let this segment in (common/auth.py), or None (also when this
+        """Why the token does not let this segment in (common/transport/auth.py), or None (also when this
         rank checks no tokens)."""
         if self.tokens is None:
             return None

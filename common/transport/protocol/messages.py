@@ -30,11 +30,11 @@ CONTROL_META: dict[str, dict[str, type]] = {
 }
 # Keys a message of a kind may carry besides its required ones, and their types.
 CONTROL_META_OPTIONAL: dict[str, dict[str, type]] = {
-    "hello": {"join_secret": str},      # the run's join secret (common/auth.py), without CURVE keys
+    "hello": {"join_secret": str},      # the run's join secret (common/transport/auth.py), without CURVE keys
     "error": {"reason": str},           # what a refusal was, as the server counts it (e.g. "id_taken")
 }
 FREE_META = ("welcome", "heartbeat")      # kinds whose meta may carry other keys
-# "token": the one the welcome gave the actor (common/auth.py); without it, or with another, a
+# "token": the one the welcome gave the actor (common/transport/auth.py); without it, or with another, a
 # server refuses the request or segment.
 
 

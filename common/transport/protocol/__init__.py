@@ -6,7 +6,7 @@
                   checks a learner rank makes on receipt
     messages.py   weights and the control messages
 
-No sockets here: common/transport.py moves the frames. Importers take names from this package.
+No sockets here: common/transport/__init__.py moves the frames. Importers take names from this package.
 """
 
 from .messages import (CONTROL_META, CONTROL_META_OPTIONAL, FREE_META, bf16_bits_to_float32, control_of,

@@ -12,7 +12,7 @@ version received; the actor takes it between segments with `poll_newest` (non-bl
 `wait_newer` (blocking, for the synchronous mode).
 
 Only registered actors get weights: each request carries the actor_id and the token of its
-welcome (common/auth.py); the server answers any other with an "error" and counts it
+welcome (common/transport/auth.py); the server answers any other with an "error" and counts it
 (stats["invalid"]["unregistered"], or ["stale_token"] when the token's registration has ended).
 """
 
@@ -25,10 +25,10 @@ from collections import Counter, OrderedDict
 
 import zmq
 
-from asyncvla.common.auth import TokenLedger, peer_key
-from asyncvla.common.protocol import (REQUEST_MAX_BYTES, WEIGHTS, Limits, ValidationError, control_of, decode,
+from asyncvla.common.transport.auth import TokenLedger, peer_key
+from asyncvla.common.transport.protocol import (REQUEST_MAX_BYTES, WEIGHTS, Limits, ValidationError, control_of, decode,
                                       decode_control, encode_control, encode_weights, weights_of)
-from asyncvla.common.sockets import DropLog, Node, ServiceThread, advertised, bind_endpoint, bound_endpoint
+from asyncvla.common.transport.sockets import DropLog, Node, ServiceThread, advertised, bind_endpoint, bound_endpoint
 
 log = logging.getLogger("asyncvla.transport")
 

@@ -20,9 +20,9 @@ from collections import Counter
 
 import zmq
 
-from asyncvla.common.protocol import MAX_NAME_LEN, Limits, Message, ValidationError, decode_control, encode_control, files_of
+from asyncvla.common.transport.protocol import MAX_NAME_LEN, Limits, Message, ValidationError, decode_control, encode_control, files_of
 from asyncvla.common.signals import LAUNCHER_PID_ENV
-from asyncvla.common.sockets import DropLog, Node, ServiceThread, TransportError, printable
+from asyncvla.common.transport.sockets import DropLog, Node, ServiceThread, TransportError, printable
 
 from .contract import (BACKOFF_MIN_S, BYE_HOLD_BEAT_S, BYE_HOLD_MAX_S, ID_WAIT_S, LAUNCHED_WARN_S, NO_ANSWER_REPEAT_S,
                        NO_ANSWER_WARN_S, POLL_MS, check_welcome, policy_file_parts)
