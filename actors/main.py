@@ -150,8 +150,8 @@ class Actor:
         meta = {"actor_id": self.actor_id, "incarnation": self.incarnation, "policy_version": self.version,
                 "num_steps": cfg.actor.rollout_length, "num_envs": self.env.num_envs,
                 "env_steps": info["env_steps"], "act_s": info["act_s"], "env_s": info["env_s"]}
-        if info["ep_replayed"]:     # env.replay_failed_starts: how many ended episodes were replays
-            meta.update(ep_replayed=info["ep_replayed"], ep_replayed_success=info["ep_replayed_success"])
+        if info["ep_retried"]:     # env.retry_failed_starts: how many ended episodes were retries
+            meta.update(ep_retried=info["ep_retried"], ep_retried_success=info["ep_retried_success"])
         return meta, arrays, info
 
     def send(self, meta: dict, arrays: dict, info: dict) -> bool:

@@ -85,10 +85,10 @@ def collect_segment(env, policy, tokenize: InstructionCache, state: RolloutState
     for k in ("return", "length", "success"):
         arrays[f"ep_{k}"] = np.asarray([e[k] for e in episodes])
     arrays = {k: v.astype(fields[k].dtype, copy=False) for k, v in arrays.items()}
-    replayed = [e for e in episodes if e.get("replayed")]
+    retried = [e for e in episodes if e.get("retried")]
     info = {"env_steps": env_steps, "act_s": act_s, "env_s": env_s, "num_envs": env.num_envs,
-            "episodes": len(episodes), "ep_replayed": len(replayed),
-            "ep_replayed_success": sum(bool(e["success"]) for e in replayed)}
+            "episodes": len(episodes), "ep_retried": len(retried),
+            "ep_retried_success": sum(bool(e["success"]) for e in retried)}
     if slots:
         info.update(slots=np.stack(step_slots), ended=ended, running=env.episode_slots)
     return arrays, info

@@ -11,10 +11,10 @@ The lag rule: a column made by policy version v is used by an update at version 
 `ColumnBuffer.drop_stale`, to columns left over in the buffer while the learner moved on; every
 dropped segment is counted by reason.
 
-Duplicates: a segment whose (actor, seq) this rank already took (a replay) is dropped and
+Duplicates: a segment whose (actor, seq) this rank already took (a repeat) is dropped and
 counted as "duplicate" (`SeenSegments`: bounded memory per actor). One whose seq runs more than
 MAX_SEQ_JUMP past its stream's highest is a lying counter: dropped as invalid "bad_counter",
-and the stream keeps its place (else every later segment would look like a replay).
+and the stream keeps its place (else every later segment would look like a repeat).
 
 Accounting (`Inbox.accounting`): each segment a rank acked ends in exactly one place, so that
     acked = trained + dropped (invalid by reason, stale, future_version, duplicate, banned) + buffered
@@ -36,7 +36,7 @@ from asyncvla.common.transport.sockets import DropLog
 
 # How far a stream's seq may run past its highest in one segment. An actor counts up by one per
 # segment, and those lost on the way are few; a seq of 2**63 - 1 would end the stream (every later
-# one below it, a "replay") and count 9e18 gaps.
+# one below it, a "repeat") and count 9e18 gaps.
 MAX_SEQ_JUMP = 1 << 20
 
 
@@ -146,7 +146,7 @@ class SeenSegments:
     heard from least recently is forgotten first).
 
     An actor's segments reach a rank in order over one connection, so one that comes `window` or
-    more below the highest is a replay, as is a repeat; one more than `max_jump` above it is a
+    more below the highest is a repeat too; one more than `max_jump` above it is a
     lying counter. A stream's first segment sets its place at any seq (a learner that restarted
     joins mid-stream). `gaps` counts seqs skipped in a stream and not filled later (segments lost
     on the way, or dropped by the actor's backpressure); it means that only when one rank takes

@@ -38,7 +38,7 @@ GROUPS = {
 
 # How a scalar combines over ranks: summed counts, maxima; everything else is the ranks' mean.
 SUMMED = ("segments", "lag_sum", "episodes", "return_sum", "length_sum", "success_sum", "env_steps",
-          "replayed", "replayed_success",
+          "retried", "retried_success",
           "dropped_stale", "dropped_future_version", "dropped_duplicate", "dropped_invalid", "dropped_banned",
           "system/seq_gaps", "system/poisoned_columns")
 # (every rank sees the same skipped steps and failed saves: the ranks agree on both)
@@ -92,13 +92,13 @@ class Metrics:
         self.env_steps = env_steps          # all ranks, since the run began (kept in checkpoints)
         self.last: dict = {}
         self._t_last = time.perf_counter()
-        self._replays = False               # any replayed start seen (env.replay_failed_starts)
+        self._retries = False               # any retried start seen (env.retry_failed_starts)
         self._reset()
 
     def _reset(self) -> None:
         self.counts = dict.fromkeys(("segments", "lag_sum", "lag_max", "episodes", "return_sum",
-                                     "length_sum", "success_sum", "env_steps", "replayed",
-                                     "replayed_success"), 0.0)
+                                     "length_sum", "success_sum", "env_steps", "retried",
+                                     "retried_success"), 0.0)
         self.actors: set[str] = set()       # ids seen since the last report (as many as actors)
 
     # ------------------------------------------------------------------ collected as data arrives
@@ -113,9 +113,9 @@ class Metrics:
         c["length_sum"] += float(a["ep_length"].sum(dtype=np.float64))
         c["success_sum"] += float(a["ep_success"].sum(dtype=np.float64))
         c["env_steps"] += int(segment.meta["env_steps"])
-        replayed = min(int(segment.meta.get("ep_replayed", 0)), len(a["ep_return"]))
-        c["replayed"] += replayed
-        c["replayed_success"] += min(int(segment.meta.get("ep_replayed_success", 0)), replayed)
+        retried = min(int(segment.meta.get("ep_retried", 0)), len(a["ep_return"]))
+        c["retried"] += retried
+        c["retried_success"] += min(int(segment.meta.get("ep_retried_success", 0)), retried)
         self.actors.add(segment.meta["actor_id"])
 
     # --------------------------------------------------------------------------- once an update
@@ -142,11 +142,11 @@ class Metrics:
             for name in ("return", "length", "success"):
                 out[f"env/episode_{name}"] = total[f"{name}_sum"] / n_ep
             self.recent.append((n_ep, total["success_sum"]))
-            self._replays |= total["replayed"] > 0
-            if self._replays:       # env.replay_failed_starts: the share of replays, fresh starts' success
-                out["env/replayed_share"] = total["replayed"] / n_ep
-                fresh = n_ep - total["replayed"]
-                out["env/fresh_episode_success"] = ((total["success_sum"] - total["replayed_success"]) / fresh
+            self._retries |= total["retried"] > 0
+            if self._retries:       # env.retry_failed_starts: the share of retries, fresh starts' success
+                out["env/retried_share"] = total["retried"] / n_ep
+                fresh = n_ep - total["retried"]
+                out["env/fresh_episode_success"] = ((total["success_sum"] - total["retried_success"]) / fresh
                                                     if fresh else None)
             windowed = windowed_success(self.recent, self.success_window)
             if windowed is not None:

@@ -15,7 +15,7 @@ RSS), in the order run_suite runs them:
                    and truncated headers, deep nesting, huge shapes, many frames, wrong types,
                    valid-looking messages with out-of-range values; on the trajectory port also
                    segments of a registered fuzz actor that are stale, from a future version,
-                   valid (trained on), replayed (same seq), claiming env_steps = 2**63 - 1, and
+                   valid (trained on), repeated (same seq), claiming env_steps = 2**63 - 1, and
                    valid ones without its token
   no secret        hellos without the run's join secret, or with another: each refused, counted
   hello flood      hellos with fresh actor ids (each registers an actor, who then times out)
@@ -694,7 +694,7 @@ class SegmentMaker:
         return seg
 
 
-SEGMENT_KINDS = ("valid", "stale", "future_version", "unregistered", "replay", "huge_counter")
+SEGMENT_KINDS = ("valid", "stale", "future_version", "unregistered", "repeat", "huge_counter")
 
 
 def trajectory_fuzz(count: int, rng, maker: SegmentMaker, version_fn, categories=(*HOSTILE, *SEGMENT_KINDS[1:4]),
@@ -702,7 +702,7 @@ def trajectory_fuzz(count: int, rng, maker: SegmentMaker, version_fn, categories
     """(category, frames) for the trajectory port. Besides the hostile kinds: segments of the
     registered fuzz actor that are valid (trained on, or dropped stale when the learner moved on
     meanwhile), stale (version 0), from a future version, valid ones without its token, a valid one
-    sent twice (the second copy a replay: the same seq), and one claiming env_steps = 2**63 - 1
+    sent twice (the second copy a repeat: the same seq), and one claiming env_steps = 2**63 - 1
     (it used to end the run at once); its i-th message has seq first_seq + i."""
     bases = [maker.segment(rng, 0, B=b) for b in (1, 2, 4)]
     base_frames = [[f if isinstance(f, bytes) else np.ascontiguousarray(f).tobytes() for f in P.encode_segment(b)]
@@ -741,7 +741,7 @@ def trajectory_fuzz(count: int, rng, maker: SegmentMaker, version_fn, categories
             elif category == "huge_counter":
                 seg.meta["env_steps"] = 2**63 - 1
             frames = P.encode_segment(seg)
-            if category == "replay":
+            if category == "repeat":
                 yield "valid", frames
             yield category, frames
             continue
@@ -779,7 +779,7 @@ def fuzz(run: Run, port: str, count: int, rng, maker: SegmentMaker | None = None
     sent while the local actors are paused (SIGSTOP, for the seconds the sending takes): the
     learner then reads them as fast as it can. `valid` segments of the registered fuzz actor
     follow with the actors running again: the learner trains on them (or drops them stale) beside
-    the actors' own; among them replays (dropped as duplicate) and ones claiming a huge env_steps
+    the actors' own; among them repeats (dropped as duplicate) and ones claiming a huge env_steps
     (refused as bad_counter)."""
     row = Row(f"fuzz {port} port")
     eps = endpoints(run)
@@ -813,7 +813,7 @@ def fuzz(run: Run, port: str, count: int, rng, maker: SegmentMaker | None = None
         if port == "trajectory":
             _wait_acks(peer, sum(sent.values()) - 3, t0 + timeout_s)
         if valid:
-            _send_all(peer, trajectory_fuzz(valid, rng, maker, probe, categories=("valid", "replay", "huge_counter"),
+            _send_all(peer, trajectory_fuzz(valid, rng, maker, probe, categories=("valid", "repeat", "huge_counter"),
                                               first_seq=count),
                       sent, probe, t0 + timeout_s)
             _wait_acks(peer, sum(sent.values()) - 3, t0 + timeout_s)
@@ -891,7 +891,7 @@ LIES = ("seq 2**63-1", "ep_length 2**62", "ep_return float32 max")
 
 def lying_segments(run: Run, maker: SegmentMaker, rounds: int, rng, first_seq: int) -> Row:
     """Segments of the registered fuzz actor, valid but for one counter they lie about, `rounds`
-    times each: seq = 2**63 - 1 (a stream that took it would drop its next seqs as replays, and
+    times each: seq = 2**63 - 1 (a stream that took it would drop its next seqs as repeats, and
     count 2**63 missing), an ended episode of 2**62 steps, one with a return of float32's largest
     value (either would own the episode metrics of an update). Each round: a valid segment, the
     three lies, the next valid one (seqs from `first_seq`, where the trajectory fuzz left the

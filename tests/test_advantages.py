@@ -101,9 +101,9 @@ def test_the_registry_is_the_configs_choices_and_names_them_on_a_bad_one():
     assert set(grpo.segment_fields()) == {"advantage", "advantage_mask"} and grpo.make_outbox().needs_slots
 
 
-def test_grpo_refuses_replayed_starts_itself():
-    with pytest.raises(Exception, match=r"env.replay_failed_starts=0.5 cannot be used with algorithm.adv_type=grpo"):
-        load_config(PIXEL, ["algorithm.adv_type=grpo", "env.replay_failed_starts=0.5"])
+def test_grpo_refuses_retried_starts_itself():
+    with pytest.raises(Exception, match=r"env.retry_failed_starts=0.5 cannot be used with algorithm.adv_type=grpo"):
+        load_config(PIXEL, ["algorithm.adv_type=grpo", "env.retry_failed_starts=0.5"])
 
 
 def test_nothing_outside_the_registry_branches_on_adv_type():

@@ -117,6 +117,23 @@ def test_configs_saved_with_retired_keys_still_load(tmp_path):
         load_config(write(tmp_path, "logging:\n  log_every: 5.0\n"))
 
 
+def test_a_renamed_key_is_read_as_its_new_name_for_one_release_with_one_warning(tmp_path, caplog):
+    """RENAMED_KEYS: env.replay_failed_starts became env.retry_failed_starts; files, overrides and
+    saved configs (a run directory, a checkpoint) with the old name still load, each saying so."""
+    want = load_config(None, ["env.retry_failed_starts=0.25"])
+    with caplog.at_level("WARNING", logger="asyncvla.config"):
+        assert load_config(None, ["env.replay_failed_starts=0.25"]) == want
+        assert load_config(write(tmp_path, "env:\n  replay_failed_starts: 0.25\n")) == want
+        old = to_dict(want)
+        old["env"]["replay_failed_starts"] = old["env"].pop("retry_failed_starts")
+        assert from_dict(old) == want
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 3 and all("'env.replay_failed_starts' is deprecated" in m and "'env.retry_failed_starts'" in m
+                                  and "\n" not in m for m in said), said
+    with pytest.raises(ConfigError, match="both 'env.replay_failed_starts' and 'env.retry_failed_starts' are set"):
+        load_config(write(tmp_path, "env:\n  replay_failed_starts: 0.25\n  retry_failed_starts: 0.5\n"))
+
+
 def test_every_field_is_documented():
     text = describe()
     for line in text.splitlines()[1::2]:

@@ -14,7 +14,7 @@ import pytest
 
 from asyncvla.actors.envs import ChunkEnv, make_env
 from asyncvla.actors.envs.base import resize_images
-from asyncvla.actors.envs.starts import REPLAY_TRIES, episode_seed
+from asyncvla.actors.envs.starts import RETRY_TRIES, episode_seed
 from asyncvla.common.config import EnvConfig
 from tests.support.paths import MANISKILL
 
@@ -172,17 +172,17 @@ def test_fixed_reset_states_repeat_and_no_auto_reset_waits():
 
 
 def test_a_failed_start_is_replayed_from_its_seed():
-    """env.replay_failed_starts=1: an unsolved episode's initial state comes back, REPLAY_TRIES
+    """env.retry_failed_starts=1: an unsolved episode's initial state comes back, RETRY_TRIES
     times in all, whichever episode the env had already been told to start next."""
-    env = maniskill_env("PickCube-v1", seed=6, max_episode_steps=2, replay_failed_starts=1.0)
+    env = maniskill_env("PickCube-v1", seed=6, max_episode_steps=2, retry_failed_starts=1.0)
     try:
         starts = [env.reset()["image"][0]]
-        n = 2 * (REPLAY_TRIES + 1)
+        n = 2 * (RETRY_TRIES + 1)
         for _ in range(n):
             step = env.step_chunk(np.zeros((1, K, 7), np.float32))     # holding still never solves
             assert step.truncated[0] and not step.episodes[0]["success"]
             starts.append(step.obs["image"][0])
-        assert sum(np.array_equal(s, starts[0]) for s in starts[:n]) == REPLAY_TRIES + 1
+        assert sum(np.array_equal(s, starts[0]) for s in starts[:n]) == RETRY_TRIES + 1
         assert not any(np.array_equal(starts[n], s) for s in starts[:n])   # then a fresh start
     finally:
         env.close()

@@ -203,7 +203,7 @@ def test_acked_equals_trained_plus_dropped_plus_buffered(suite):
     assert fuzz.acked >= 10_000 and fuzz.trained > 0
     assert {"stale", "future_version", "invalid"} <= set(fuzz.dropped)
     assert fuzz.invalid["unregistered"] > 0 and len(fuzz.invalid) >= 8
-    assert fuzz.dropped["duplicate"] > 0 and fuzz.invalid["bad_counter"] > 0    # replays; env_steps = 2**63 - 1
+    assert fuzz.dropped["duplicate"] > 0 and fuzz.invalid["bad_counter"] > 0    # repeats; env_steps = 2**63 - 1
 
 
 def test_lying_counters_are_dropped_without_moving_the_stream(suite):

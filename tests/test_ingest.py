@@ -62,7 +62,7 @@ def test_columns_older_than_the_lag_never_reach_an_update(link):
     assert seen == [0, 0, 0]                               # the used segments, with their lags
 
 
-def test_a_replayed_segment_trains_once_and_a_lying_counter_is_dropped(link):
+def test_a_repeated_segment_trains_once_and_a_lying_counter_is_dropped(link):
     """The same segment 4 times: trained once, 3 dropped as duplicates, inside the balance. An
     actor restarted under the same id (a new incarnation) starts at seq 0 again and is trained;
     seqs that never came are gaps; a segment claiming more env steps than its arrays hold (it
@@ -76,8 +76,8 @@ def test_a_replayed_segment_trains_once_and_a_lying_counter_is_dropped(link):
         seg = make_segment(SPEC, B=4, seq=seq)
         seg.meta.update(policy_version=0, **meta)
         return seg
-    replayed = segment(0)
-    for seg in (replayed, replayed, replayed, replayed, segment(0, incarnation=7), segment(3),
+    repeated = segment(0)
+    for seg in (repeated, repeated, repeated, repeated, segment(0, incarnation=7), segment(3),
                 segment(4, env_steps=(1 << 63) - 1)):
         assert sender.send(seg)
     assert inbox.fill(12, version=0, stop=stop)
@@ -93,7 +93,7 @@ def test_a_replayed_segment_trains_once_and_a_lying_counter_is_dropped(link):
 
 def test_a_seq_far_past_the_highest_is_dropped_and_the_stream_goes_on(link):
     """seq = 2**63 - 1 in a stream that started used to be taken: every later segment of the
-    actor then looked like a replay, and seq_gaps read 9e18. It is dropped as bad_counter,
+    actor then looked like a repeat, and seq_gaps read 9e18. It is dropped as bad_counter,
     inside the balance, and the stream takes its next seq."""
     receiver, sender = link
     used = []
@@ -130,32 +130,32 @@ def test_episode_metric_sums_are_float64():
     assert metrics.counts["return_sum"] == 4.0 * float(np.finfo(np.float32).max)
 
 
-def test_replayed_starts_are_counted_apart_from_fresh_ones():
-    """env.replay_failed_starts: segments say how many of their episodes were replays and how many
+def test_retried_starts_are_counted_apart_from_fresh_ones():
+    """env.retry_failed_starts: segments say how many of their episodes were retries and how many
     of those succeeded; the report gives their share and the fresh starts' success, counted here
-    against the episodes themselves, and leaves both out until a replay is seen."""
+    against the episodes themselves, and leaves both out until a retry is seen."""
     metrics = Metrics(None, progress_total=3, show_progress=False)
     seg = make_segment(SPEC, B=4, episodes=4)
     metrics.add_segment(seg, lag=0)
     assert "env/fresh_episode_success" not in metrics.report(1, {}, {}, samples=1)
-    rows = [(True, True), (True, False), (False, True), (False, True), (False, False)]   # (replayed, success)
-    for replayed, success in rows:
+    rows = [(True, True), (True, False), (False, True), (False, True), (False, False)]   # (retried, success)
+    for retried, success in rows:
         seg = make_segment(SPEC, B=4, episodes=1)
         seg.arrays["ep_success"][:] = success
-        if replayed:
-            seg.meta.update(ep_replayed=1, ep_replayed_success=int(success))
+        if retried:
+            seg.meta.update(ep_retried=1, ep_retried_success=int(success))
         metrics.add_segment(seg, lag=0)
     report = metrics.report(2, {}, {}, samples=1)
     fresh = [s for r, s in rows if not r]
-    assert report["env/replayed_share"] == 2 / 5
+    assert report["env/retried_share"] == 2 / 5
     assert report["env/fresh_episode_success"] == sum(fresh) / len(fresh)
     assert report["env/episode_success"] == 3 / 5
-    metrics.add_segment(make_segment(SPEC, B=4, episodes=2), lag=0)   # no replay in this update: 0 %
-    assert metrics.report(3, {}, {}, samples=1)["env/replayed_share"] == 0.0
-    with pytest.raises(P.ValidationError, match="ep_replayed_success"):
-        P.check_segment_meta({**seg.meta, "ep_replayed": 1, "ep_replayed_success": 2})
-    with pytest.raises(P.ValidationError, match="ep_replayed"):
-        P.check_segment_meta({**seg.meta, "ep_replayed": -1})
+    metrics.add_segment(make_segment(SPEC, B=4, episodes=2), lag=0)   # no retry in this update: 0 %
+    assert metrics.report(3, {}, {}, samples=1)["env/retried_share"] == 0.0
+    with pytest.raises(P.ValidationError, match="ep_retried_success"):
+        P.check_segment_meta({**seg.meta, "ep_retried": 1, "ep_retried_success": 2})
+    with pytest.raises(P.ValidationError, match="ep_retried"):
+        P.check_segment_meta({**seg.meta, "ep_retried": -1})
 
 
 def test_windowed_success_matches_a_naive_count_and_stays_bounded():
@@ -213,7 +213,7 @@ def test_seen_segments_bounded_per_actor_and_in_actors():
     assert seen.gaps == 49
     assert seen.admit("a", 97) is None and seen.gaps == 48  # late, within the window: fills a gap
     assert seen.admit("a", 97) == seen.admit("a", 98) == "duplicate"
-    assert seen.admit("a", 50) == "duplicate"               # far below the highest: only a replay
+    assert seen.admit("a", 50) == "duplicate"               # far below the highest: only a repeat
     for s in range(100, 10_000):
         seen.admit("a", s)
     assert seen.held <= 2 * 8

@@ -18,13 +18,13 @@ def starts_of(schedule, n, env=0, restart_every=None, success=False):
 
 
 def test_each_purpose_takes_from_the_env_config_only_what_is_its_own():
-    cfg = EnvConfig(id="PixelReach-v0", replay_failed_starts=1.0)
+    cfg = EnvConfig(id="PixelReach-v0", retry_failed_starts=1.0)
     train = StartSchedule.for_purpose("train", cfg, seed=3, num_envs=2)
-    assert train.replay_failed == 1.0 and not train.fixed
-    # evaluation: the same starts after every reset, never a replay, whatever training is told
+    assert train.retry_failed == 1.0 and not train.fixed
+    # evaluation: the same starts after every reset, never a retry, whatever training is told
     evaluate = StartSchedule.for_purpose("evaluate", cfg, seed=3, num_envs=2)
     assert starts_of(evaluate, 4, restart_every=2) == [episode_seed(3, 0, 0), episode_seed(3, 0, 1)] * 2
-    # demonstrations: fresh starts, no replays, no groups
+    # demonstrations: fresh starts, no retries, no groups
     collect = StartSchedule.for_purpose("collect", cfg, seed=3, num_envs=2, group_size=4)
     assert starts_of(collect, 3, restart_every=1) == [episode_seed(3, 0, k) for k in range(3)]
     grouped = StartSchedule.for_purpose("train", EnvConfig(id="PixelReach-v0"), seed=3, num_envs=2, group_size=4)

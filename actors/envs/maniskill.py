@@ -319,8 +319,8 @@ class ManiSkillCPUEnv:
         done = np.array([r["final_obs"] is not None for r in results])
         episodes = []
         for i in np.flatnonzero(done):
-            replayed = self._seeds.ended(int(i), results[i]["episode"]["success"])
-            episodes.append({**results[i]["episode"], "env": int(i), "replayed": replayed})
+            retried = self._seeds.ended(int(i), results[i]["episode"]["success"])
+            episodes.append({**results[i]["episode"], "env": int(i), "retried": retried})
             self._seeds.take(int(i))
         done_index = np.flatnonzero(done).astype(np.int64)
         rewards = np.stack([r["rewards"] for r in results]).astype(np.float32)

@@ -104,7 +104,7 @@ class PixelReachEnv:
         episodes = self._tracker.finish(done)
         if self.auto_reset:
             for e in episodes:
-                e["replayed"] = self._seeds.ended(e["env"], e["success"])
+                e["retried"] = self._seeds.ended(e["env"], e["success"])
             self._reset_envs(done)
         else:
             self._ended[done] = True

@@ -3,12 +3,12 @@
     starts = StartSchedule.for_purpose("train", env_cfg, seed, num_envs, group_size)
     seed = starts.peek(i)                # the seed env i's next episode will reset with
     seed = starts.take(i)                # env i starts it now (its slot: starts.slot[i])
-    replayed = starts.ended(i, success)  # how env i's episode ended, before its next take
+    retried = starts.ended(i, success)  # how env i's episode ended, before its next take
     starts.restart(seed)                 # an explicit reset(): re-seed, or start over (evaluation)
 
 The purposes (PURPOSES): `train` hands out fresh starts (env.use_fixed_reset_state_ids: the same
 ones at every reset), GRPO's groups of episodes from one start (group_size, the estimator's
-episodes_per_start) and replays of failed starts (env.replay_failed_starts); `evaluate` starts over
+episodes_per_start) and retries of failed starts (env.retry_failed_starts); `evaluate` starts over
 at every reset(seed), so that an evaluation with the same seed sees the same initial states
 whatever the policy; `collect` hands out fresh starts for demonstrations. The envs only ask for the
 next start and say how an episode ended.
@@ -23,8 +23,8 @@ import numpy as np
 
 PURPOSES = ("train", "evaluate", "collect")
 
-REPLAY_TRIES = 3     # a failed start is replayed at most this often (unless solved first)
-REPLAY_QUEUE = 64    # failed starts waiting for a replay; older ones drop out
+RETRY_TRIES = 3     # a failed start is retried at most this often (unless solved first)
+RETRY_QUEUE = 64    # failed starts waiting for a retry; older ones drop out
 
 
 def episode_seed(seed: int, env_index: int, episode: int) -> int:
@@ -48,31 +48,31 @@ class StartSchedule:
     reserves its next slot when first asked for its next seed (`peek`), so that seeds handed out
     before an episode ends are never handed out twice. `slot[i]`: the slot of env i's episode.
 
-    With `replay_failed` p > 0 (training only, env.replay_failed_starts) the seed of an episode
+    With `retry_failed` p > 0 (training only, env.retry_failed_starts) the seed of an episode
     that ended unsolved (`ended`) is queued, and an env's next episode starts from the oldest
-    queued one with probability p instead of a fresh one: a start is replayed until it is solved,
-    at most REPLAY_TRIES times, so the starts a policy fails train more often than 1 in N.
+    queued one with probability p instead of a fresh one: a start is retried until it is solved,
+    at most RETRY_TRIES times, so the starts a policy fails train more often than 1 in N.
     """
 
     def __init__(self, seed: int, num_envs: int, fixed: bool = False, group_size: int = 1,
-                 replay_failed: float = 0.0):
+                 retry_failed: float = 0.0):
         if group_size > 1 and fixed:
             raise ValueError("fixed reset states and groups of episodes exclude each other")
-        if replay_failed and (fixed or group_size > 1):
-            raise ValueError("replaying failed starts is for training without groups of episodes: "
+        if retry_failed and (fixed or group_size > 1):
+            raise ValueError("retrying failed starts is for training without groups of episodes: "
                              "not with fixed reset states or group_size > 1")
-        if not 0.0 <= replay_failed <= 1.0:
-            raise ValueError(f"replay_failed={replay_failed} is a probability: 0 <= p <= 1")
+        if not 0.0 <= retry_failed <= 1.0:
+            raise ValueError(f"retry_failed={retry_failed} is a probability: 0 <= p <= 1")
         self.seed, self.fixed, self.group_size = int(seed), fixed, int(group_size)
         self.count = np.zeros(num_envs, np.int64)
         self.slot = np.full(num_envs, -1, np.int64)
         self._reserved = np.full(num_envs, -1, np.int64)
         self._next_slot = 0
-        self.replay_failed = float(replay_failed)
-        self.replayed = np.zeros(num_envs, np.int64)   # how often env i's current start was replayed
+        self.retry_failed = float(retry_failed)
+        self.retried = np.zeros(num_envs, np.int64)   # how often env i's current start was retried
         self._current = np.zeros(num_envs, np.int64)   # env i's current seed
-        self._pending: dict[int, tuple[int, int]] = {}  # env -> (next seed, its replays)
-        self._failed: collections.deque = collections.deque(maxlen=REPLAY_QUEUE)
+        self._pending: dict[int, tuple[int, int]] = {}  # env -> (next seed, its retries)
+        self._failed: collections.deque = collections.deque(maxlen=RETRY_QUEUE)
         self._rng = np.random.default_rng([int(seed), 0x5EED])
 
     def restart(self, seed: Optional[int] = None) -> None:
@@ -88,7 +88,7 @@ class StartSchedule:
                 self._reserved[i], self._next_slot = self._next_slot, self._next_slot + 1
             return group_seed(self.seed, int(self._reserved[i]) // self.group_size)
         if i not in self._pending:
-            if self._failed and self._rng.random() < self.replay_failed:
+            if self._failed and self._rng.random() < self.retry_failed:
                 self._pending[i] = self._failed.popleft()
             else:
                 self._pending[i] = (episode_seed(self.seed, i, int(self.count[i])), 0)
@@ -98,7 +98,7 @@ class StartSchedule:
         s = self.peek(i)
         if self.group_size == 1:
             self.slot[i], self._next_slot = self._next_slot, self._next_slot + 1
-            self.replayed[i] = self._pending.pop(i)[1]
+            self.retried[i] = self._pending.pop(i)[1]
         else:
             self.slot[i], self._reserved[i] = self._reserved[i], -1
         self._current[i] = s
@@ -106,11 +106,11 @@ class StartSchedule:
         return s
 
     def ended(self, i: int, success: bool) -> bool:
-        """Env i's episode ended (before its next `take`): queue its start for a replay if it
-        failed and replays are on. Returns whether that episode was itself a replay."""
-        if self.replay_failed and not success and self.replayed[i] < REPLAY_TRIES:
-            self._failed.append((int(self._current[i]), int(self.replayed[i]) + 1))
-        return bool(self.replayed[i] > 0)
+        """Env i's episode ended (before its next `take`): queue its start for a retry if it
+        failed and retries are on. Returns whether that episode was itself a retry."""
+        if self.retry_failed and not success and self.retried[i] < RETRY_TRIES:
+            self._failed.append((int(self._current[i]), int(self.retried[i]) + 1))
+        return bool(self.retried[i] > 0)
 
     @classmethod
     def for_purpose(cls, purpose: str, env_cfg, seed: int, num_envs: int, group_size: int = 1) -> "StartSchedule":
@@ -119,4 +119,4 @@ class StartSchedule:
             raise ValueError(f"purpose={purpose!r}: one of {list(PURPOSES)}")
         if purpose != "train":
             return cls(seed, num_envs, fixed=purpose == "evaluate")
-        return cls(seed, num_envs, env_cfg.use_fixed_reset_state_ids, group_size, env_cfg.replay_failed_starts)
+        return cls(seed, num_envs, env_cfg.use_fixed_reset_state_ids, group_size, env_cfg.retry_failed_starts)

@@ -50,8 +50,8 @@ class GRPO(Estimator):
         if env.sim_backend == "physx_cuda":
             return ["algorithm.adv_type=grpo needs each group's episodes to start from one initial state, which "
                     "the batched GPU simulator's partial resets cannot restore: set env.sim_backend=physx_cpu"]
-        if env.replay_failed_starts:
-            return [f"env.replay_failed_starts={env.replay_failed_starts} cannot be used with "
+        if env.retry_failed_starts:
+            return [f"env.retry_failed_starts={env.retry_failed_starts} cannot be used with "
                     "algorithm.adv_type=grpo: its groups already repeat each start; set it to 0"]
         return []
 

@@ -58,9 +58,9 @@ class EnvConfig:
                                 ge=0.0)
     use_fixed_reset_state_ids: bool = opt(False, "reset to a fixed sequence of initial states: every "
                                           "reset() starts the sequence over (reproducible evaluation)")
-    replay_failed_starts: float = opt(0.0, "training only: the probability that an env's next episode "
+    retry_failed_starts: float = opt(0.0, "training only: the probability that an env's next episode "
                                       "starts from the initial state of a recent unsolved episode (each "
-                                      "replayed until solved, at most 3 times) instead of a fresh one, so "
+                                      "retried until solved, at most 3 times) instead of a fresh one, so "
                                       "the starts the policy fails train more often; 0: always fresh "
                                       "(actors/envs/starts.py StartSchedule)", ge=0.0, le=1.0)
 
@@ -77,9 +77,9 @@ def check_camera(env: "EnvConfig") -> list[str]:
     return []
 
 
-def check_replay(config: "Config") -> list[str]:
-    """Replayed starts are restored from their seeds, one training episode at a time."""
-    p = config.env.replay_failed_starts
+def check_retry(config: "Config") -> list[str]:
+    """Retried starts are restored from their seeds, one training episode at a time."""
+    p = config.env.retry_failed_starts
     if not p:
         return []
     if config.env.use_fixed_reset_state_ids:
@@ -88,4 +88,4 @@ def check_replay(config: "Config") -> list[str]:
         why = "env.sim_backend=physx_cuda: the batched simulator's partial resets do not take seeds"
     else:
         return []
-    return [f"env.replay_failed_starts={p} cannot be used with {why}; set it to 0"]
+    return [f"env.retry_failed_starts={p} cannot be used with {why}; set it to 0"]

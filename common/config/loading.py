@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import os
 from typing import Any, List, Sequence
 
@@ -14,17 +15,36 @@ from .fields import ConfigError
 from .schema import Config, validate
 
 
+log = logging.getLogger("asyncvla.config")
+
 # Keys older versions wrote that no longer exist; configs saved with them (run directories,
 # checkpoints) still load, the key dropped.
 RETIRED_KEYS = ("logging.log_interval_s",)
+# Keys renamed, old -> new: the old name is read as the new one for one release, with a warning.
+RENAMED_KEYS = {"env.replay_failed_starts": "env.retry_failed_starts"}     # (0.1 -> 0.2: one meaning of "replay")
 
 
-def drop_retired(src):
+def drop_retired(src, where: str = "config"):
+    """`src` (a mapping of sections) without the retired keys, and with the renamed ones under their
+    new names (one warning line each; both names set is an error)."""
+    def section(key):
+        name, leaf = key.split(".")
+        node = src.get(name) if isinstance(src, (dict, DictConfig)) else None
+        return (node, leaf) if isinstance(node, (dict, DictConfig)) else (None, leaf)
+
     for key in RETIRED_KEYS:
-        section, name = key.split(".")
-        if isinstance(src, (dict, DictConfig)) and isinstance(src.get(section), (dict, DictConfig)) \
-                and name in src[section]:
-            src[section].pop(name)
+        node, leaf = section(key)
+        if node is not None and leaf in node:
+            node.pop(leaf)
+    for old, new in RENAMED_KEYS.items():
+        node, leaf = section(old)
+        if node is None or leaf not in node:
+            continue
+        new_leaf = new.split(".")[1]
+        if new_leaf in node:
+            raise ConfigError(f"{where}: both '{old}' and '{new}' are set; '{old}' is the old name of '{new}': keep one")
+        log.warning("%s: '%s' is deprecated and will be removed in the next release: it is read as '%s'", where, old, new)
+        node[new_leaf] = node.pop(leaf)
     return src
 
 
@@ -36,13 +56,13 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
         if not os.path.isfile(path):
             raise ConfigError(f"config file '{path}' does not exist")
         try:
-            sources.append((str(path), drop_retired(OmegaConf.load(path))))
+            sources.append((str(path), drop_retired(OmegaConf.load(path), f"config file '{path}'")))
         except Exception as e:  # YAML syntax errors
             raise ConfigError(f"config file '{path}' is not valid YAML: {_yaml_problem(e)}") from None
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value (e.g. actor.num_envs=4)")
-        sources.append((f"override '{item}'", OmegaConf.from_dotlist([item])))
+        sources.append((f"override '{item}'", drop_retired(OmegaConf.from_dotlist([item]), f"override '{item}'")))
     for where, src in sources:
         if not isinstance(src, DictConfig):
             raise ConfigError(f"{where}: expected a mapping of sections, got {type(src).__name__}")
@@ -109,7 +129,7 @@ def to_dict(config: Config) -> dict:
 def from_dict(data: dict) -> Config:
     """Inverse of `to_dict`, validated (used by actors that receive their config from the learner)."""
     try:
-        cfg = OmegaConf.merge(OmegaConf.structured(Config), drop_retired(OmegaConf.create(data)))
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), drop_retired(OmegaConf.create(data), "received config"))
     except OmegaConfBaseException as e:
         raise ConfigError(explain(e, "received config")) from None
     config: Config = OmegaConf.to_object(cfg)  # type: ignore[assignment]

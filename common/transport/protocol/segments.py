@@ -96,10 +96,10 @@ SEGMENT_META = {"actor_id": str, "seq": int, "policy_version": int, "num_steps":
                 "num_envs": int, "env_steps": int}
 # incarnation: drawn by an actor process at start; with actor_id it names the stream whose seqs a
 # learner rank checks for repeats (a restarted actor keeps its id and starts again at seq 0).
-# ep_replayed / ep_replayed_success: how many of the segment's ended episodes started from a replayed
-# start (env.replay_failed_starts), and how many of those succeeded.
+# ep_retried / ep_retried_success: how many of the segment's ended episodes started from a retried
+# start (env.retry_failed_starts), and how many of those succeeded.
 SEGMENT_META_OPTIONAL = {"act_s": float, "env_s": float, "token": str, "incarnation": int,
-                         "ep_replayed": int, "ep_replayed_success": int}
+                         "ep_retried": int, "ep_retried_success": int}
 SEGMENT_SECONDS = ("act_s", "env_s")       # timings: in [0, MAX_SEGMENT_SECONDS]
 
 
@@ -214,16 +214,16 @@ def check_segment_meta(meta: dict) -> dict:
     check_meta(meta, SEGMENT_META)
     check_meta(meta, {k: t for k, t in SEGMENT_META_OPTIONAL.items() if k in meta})
     for key in ("seq", "policy_version", "env_steps", "num_steps", "num_envs", "incarnation",
-                "ep_replayed", "ep_replayed_success"):
+                "ep_retried", "ep_retried_success"):
         if key in meta and meta[key] < (1 if key in ("num_steps", "num_envs") else 0):
             raise ValidationError("bad_meta", f"meta '{key}'={meta[key]} is out of range")
     for key in SEGMENT_SECONDS:
         if key in meta and not 0 <= meta[key] <= MAX_SEGMENT_SECONDS:
             raise ValidationError("bad_meta", f"meta '{key}'={meta[key]:.3g} is out of range [0, "
                                               f"{MAX_SEGMENT_SECONDS:g}] (seconds)")
-    if meta.get("ep_replayed_success", 0) > meta.get("ep_replayed", 0):
-        raise ValidationError("bad_meta", f"meta 'ep_replayed_success'={meta['ep_replayed_success']} exceeds "
-                                          f"'ep_replayed'={meta.get('ep_replayed', 0)}")
+    if meta.get("ep_retried_success", 0) > meta.get("ep_retried", 0):
+        raise ValidationError("bad_meta", f"meta 'ep_retried_success'={meta['ep_retried_success']} exceeds "
+                                          f"'ep_retried'={meta.get('ep_retried', 0)}")
     if not 0 < len(meta["actor_id"]) <= MAX_NAME_LEN:
         raise ValidationError("bad_meta", "meta 'actor_id' must be 1..256 characters")
     return meta
