@@ -315,7 +315,8 @@ def add_arguments(parser) -> list[str]:
                              "config at the real simulator's cost (--profile plain), actors and learner on "
                              "disjoint cores; heads: the token head against the flow head on the pixel task, "
                              "each from its own warm start, 15 min of RL; gaussian: the Gaussian head against "
-                             "the parallel token head the same way")
+                             "the parallel token head the same way; advantages: GAE against V-trace from one "
+                             "warm start")
     parser.add_argument("--profile", choices=PROFILES, default=None,
                         help="model: seed 002's rollout:training ratio, modelled with env.sim_latency_ms; "
                              "plain: the task's own speed (default: model for pixel, plain for maniskill)")
