@@ -86,7 +86,7 @@ class Actor:
         cfg, welcome = joined.cfg, joined.welcome
         self.cfg, self.policy, self.client, self.weights = cfg, joined.policy, joined.client, joined.weights
         self.actor_id, self.stop = actor_id, stop
-        self.sender = transport.TrajectorySender(welcome["trajectory_endpoints"], cfg.transport,
+        self.sender = transport.SegmentSender(welcome["segment_endpoints"], cfg.transport,
                                                  backpressure=cfg.actor.backpressure)
         seed = cfg.env.seed + 1000 * actor_index
         estimator = make_estimator(cfg.algorithm)

@@ -1,7 +1,7 @@
 """`asyncvla actor --learner tcp://HOST:PORT`: a standalone actor node.
 
 It needs no config: the learner's welcome carries the config, the policy (a path readable here,
-or its files shipped once), the env spec, the trajectory endpoints and the current weights.
+or its files shipped once), the env spec, the segment endpoints and the current weights.
 Start any number, on any host, at any time; stop them at any time.
 
 Until the learner answers, the actor keeps saying hello; after 5 s without an answer it warns

@@ -112,12 +112,12 @@ def _keys(cfg: Config) -> list[str]:
 
 
 def run_ports(cfg: Config) -> dict[str, int]:
-    """The ports this machine's learner binds, by key (rank r pulls on trajectory_port + r)."""
+    """The ports this machine's learner binds, by key (rank r pulls on segment_port + r)."""
     t, ranks = cfg.transport, cfg.launch.num_learner_ranks
     out = {"transport.control_port": t.control_port, "transport.weights_port": t.weights_port,
            "launch.master_port": cfg.launch.master_port}
     for r in range(ranks):
-        out[f"transport.trajectory_port (+{r})" if r else "transport.trajectory_port"] = t.trajectory_port + r
+        out[f"transport.segment_port (+{r})" if r else "transport.segment_port"] = t.segment_port + r
     return out
 
 

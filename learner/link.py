@@ -49,7 +49,7 @@ class ActorLink:
         if cfg.transport.reuse_receive_buffers:
             keep_freed_buffers()           # before the first segment: see common/transport/allocator.py
         spec = SegmentSpec.for_policy(cfg, engine.module.head, engine.module.action_tokenizer)
-        receiver = transport.TrajectoryReceiver(cfg.transport, rank, spec, auth_key=auth_key)
+        receiver = transport.SegmentReceiver(cfg.transport, rank, spec, auth_key=auth_key)
         endpoints = gather(receiver.endpoint)
         self.control = self.weights = None
         self._ended_mark = 0                # rank 0: registrations ended up to here are told to the others
@@ -114,7 +114,7 @@ class ActorLink:
         self.weights = transport.WeightServer(cfg.transport, tokens=tokens)
 
         def welcome(hello: dict) -> dict:
-            return {"config": to_dict(cfg), "trajectory_endpoints": endpoints, "weights_endpoint": self.weights.endpoint,
+            return {"config": to_dict(cfg), "segment_endpoints": endpoints, "weights_endpoint": self.weights.endpoint,
                     "weight_version": version_fn(), "policy": {"path": str(policy_dir.resolve())},
                     "rollout": rollout_plan(cfg, self.world, hello["num_envs"] or cfg.actor.num_envs)}
         secret = None if cfg.transport.keys_dir else ensure_join_secret(run_dir)

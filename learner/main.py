@@ -4,7 +4,7 @@
 
 Each rank pulls its own segments; rank 0 also runs the control server (actor registry) and the
 weight server (learner/link.py). `run` is the loop, once per update:
-    fill       wait for this rank's share of trajectory columns (the lag rule drops stale ones)
+    fill       wait for this rank's share of columns (the lag rule drops stale ones)
     take       a batch of exactly that many columns
     update     V-trace targets + PPO epochs on the ZeRO-3 engine (learner/update.py)
     publish    every publish_interval: gather the trainable weights (all ranks), EMA, serve (rank 0)
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(cfg: Config) -> int:
     stop = stop_on_signals()           # before the rendezvous, so a stop during start-up is kept
     ds_engine.init_distributed(cfg)
-    device, cols = _device(), _check_geometry(cfg, dist.get_world_size())   # cols: trajectory columns per rank
+    device, cols = _device(), _check_geometry(cfg, dist.get_world_size())   # cols: columns per rank
     run_dir, resume_from = run_dir_of_config(cfg), _resume_point(cfg)
     _check_writable(run_dir / CHECKPOINTS)
     engine, policy_dir = _build_engine(cfg, run_dir, cols, device)
@@ -254,7 +254,7 @@ def _check_writable(root: Path) -> None:
 
 
 def _check_geometry(cfg: Config, world: int) -> int:
-    """Trajectory columns per rank; the batch must split evenly into ranks and minibatches."""
+    """Columns per rank; the batch must split evenly into ranks and minibatches."""
     total = cfg.learner.batch_trajectories
     if total % world:
         raise SystemExit(f"asyncvla learner: learner.batch_trajectories={total} must be a multiple of "

@@ -84,7 +84,7 @@ import zmq
 
 from asyncvla.common.transport import protocol as P
 from asyncvla.common.signals import descendants, process_start_time, python_module
-from asyncvla.common.transport.trajectory_channel import ack_count
+from asyncvla.common.transport.segment_channel import ack_count
 from asyncvla.launch.train import STARTING_S
 from tests.support.paths import PIXEL, REPO
 from tests.support.ports import run_ports
@@ -513,7 +513,7 @@ def endpoints(run: Run) -> dict:
     p = run.ports
     return {"control": f"tcp://127.0.0.1:{p['transport.control_port']}",
             "weights": f"tcp://127.0.0.1:{p['transport.weights_port']}",
-            "trajectory": [f"tcp://127.0.0.1:{p['transport.trajectory_port'] + r}" for r in range(run.ranks)]}
+            "trajectory": [f"tcp://127.0.0.1:{p['transport.segment_port'] + r}" for r in range(run.ranks)]}
 
 
 def secret(run_dir: Path) -> dict:
@@ -697,7 +697,7 @@ class SegmentMaker:
 SEGMENT_KINDS = ("valid", "stale", "future_version", "unregistered", "repeat", "huge_counter")
 
 
-def trajectory_fuzz(count: int, rng, maker: SegmentMaker, version_fn, categories=(*HOSTILE, *SEGMENT_KINDS[1:4]),
+def segment_fuzz(count: int, rng, maker: SegmentMaker, version_fn, categories=(*HOSTILE, *SEGMENT_KINDS[1:4]),
                     first_seq: int = 0):
     """(category, frames) for the trajectory port. Besides the hostile kinds: segments of the
     registered fuzz actor that are valid (trained on, or dropped stale when the learner moved on
@@ -790,7 +790,7 @@ def fuzz(run: Run, port: str, count: int, rng, maker: SegmentMaker | None = None
         stream = weights_fuzz(count, rng, list(real_ids))
     else:
         probe.refresh()
-        stream = trajectory_fuzz(count - valid, rng, maker, probe)
+        stream = segment_fuzz(count - valid, rng, maker, probe)
     before = run.accounts(newer_than=-1)
     t0 = time.time()
     peer = Peer(eps[port])
@@ -813,7 +813,7 @@ def fuzz(run: Run, port: str, count: int, rng, maker: SegmentMaker | None = None
         if port == "trajectory":
             _wait_acks(peer, sum(sent.values()) - 3, t0 + timeout_s)
         if valid:
-            _send_all(peer, trajectory_fuzz(valid, rng, maker, probe, categories=("valid", "repeat", "huge_counter"),
+            _send_all(peer, segment_fuzz(valid, rng, maker, probe, categories=("valid", "repeat", "huge_counter"),
                                               first_seq=count),
                       sent, probe, t0 + timeout_s)
             _wait_acks(peer, sum(sent.values()) - 3, t0 + timeout_s)
@@ -2133,7 +2133,7 @@ def run_suite(out: Path, sizes: Sizes) -> SuiteResult:
         _guarded(rows, "hello under a live actor's id", id_hijack, run, got[1] if got else None)
         _guarded(rows, "squatter on a killed actor's id", squatter, run)
         _guarded(rows, "fuzz weights port", fuzz, run, "weights", sizes.fuzz_per_port, rng, None, real_ids)
-        _guarded(rows, "fuzz trajectory port", fuzz, run, "trajectory", sizes.fuzz_per_port, rng, maker, (),
+        _guarded(rows, "fuzz segment port", fuzz, run, "trajectory", sizes.fuzz_per_port, rng, maker, (),
                  sizes.valid_segments)
         _guarded(rows, "lying episode stats and seq", lying_segments, run, maker, sizes.lies, rng,
                  sizes.fuzz_per_port + sizes.valid_segments)

@@ -49,14 +49,14 @@ class RawPeer:
 def test_only_registered_actors_get_policy_files_weights_and_push_segments(tmp_path):
     (tmp_path / "policy.json").write_text("{}")
     cfg = tcfg(heartbeat_timeout_s=6.0)
-    receiver = transport.TrajectoryReceiver(cfg, 0, SPEC, endpoint="tcp://127.0.0.1:*")
+    receiver = transport.SegmentReceiver(cfg, 0, SPEC, endpoint="tcp://127.0.0.1:*")
     control = transport.ControlServer(cfg, welcome_fn_for([receiver.endpoint]), policy_dir=str(tmp_path),
                                       endpoint="tcp://127.0.0.1:*")
     weights = transport.WeightServer(cfg, endpoint="tcp://127.0.0.1:*")
     weights.publish(1, {"w": np.arange(3, dtype=np.float32)})
     client = transport.LearnerClient(control.endpoint, "a", cfg)
     peer = RawPeer(control.endpoint, cfg)
-    sender = transport.TrajectorySender([receiver.endpoint], cfg)
+    sender = transport.SegmentSender([receiver.endpoint], cfg)
     subs = []
     try:
         assert client.join(timeout=10) is not None
@@ -109,18 +109,18 @@ def test_only_registered_actors_get_policy_files_weights_and_push_segments(tmp_p
 
 def test_a_token_is_refused_on_every_port_once_its_registration_ends(tmp_path):
     """hello as local-0, bye, the id rejoined by another process: the first token, signature and
-    all still valid, is refused on the control, weight and trajectory ports (stale_token), while
+    all still valid, is refused on the control, weight and segment ports (stale_token), while
     the new registration's token works on all three. The servers share rank 0's ledger, as the
     learner's do (learner/link.py)."""
     (tmp_path / "policy.json").write_text("{}")
     cfg = tcfg(heartbeat_timeout_s=6.0)
-    receiver = transport.TrajectoryReceiver(cfg, 0, SPEC, endpoint="tcp://127.0.0.1:*")
+    receiver = transport.SegmentReceiver(cfg, 0, SPEC, endpoint="tcp://127.0.0.1:*")
     control = transport.ControlServer(cfg, welcome_fn_for([receiver.endpoint]), policy_dir=str(tmp_path),
                                       endpoint="tcp://127.0.0.1:*", tokens=receiver.tokens)
     weights = transport.WeightServer(cfg, endpoint="tcp://127.0.0.1:*", tokens=receiver.tokens)
     weights.publish(1, {"w": np.arange(3, dtype=np.float32)})
     impostor, actor = (transport.LearnerClient(control.endpoint, "local-0", cfg) for _ in range(2))
-    peer, sender, subs = RawPeer(control.endpoint, cfg), transport.TrajectorySender([receiver.endpoint], cfg), []
+    peer, sender, subs = RawPeer(control.endpoint, cfg), transport.SegmentSender([receiver.endpoint], cfg), []
     try:
         assert impostor.join(timeout=10) is not None
         old = impostor.token
@@ -252,7 +252,7 @@ def test_with_curve_an_actor_id_belongs_to_the_key_that_registered_it(tmp_path):
     assert cli.main(["keygen", str(keys), "--clients", "2"]) == 0
     learner = tcfg(keys_dir=str(keys), heartbeat_timeout_s=6.0)
     first, second = (tcfg(keys_dir=str(keys / "clients" / f"client_00{i}")) for i in (0, 1))
-    receiver = transport.TrajectoryReceiver(learner, 0, SPEC, endpoint="tcp://127.0.0.1:*")
+    receiver = transport.SegmentReceiver(learner, 0, SPEC, endpoint="tcp://127.0.0.1:*")
     control = transport.ControlServer(learner, welcome_fn_for([receiver.endpoint]), endpoint="tcp://127.0.0.1:*")
     weights = transport.WeightServer(learner, endpoint="tcp://127.0.0.1:*")
     weights.publish(1, {"w": np.zeros(2, np.float32)})
@@ -274,7 +274,7 @@ def test_with_curve_an_actor_id_belongs_to_the_key_that_registered_it(tmp_path):
         # a's token is worthless from the other key on the other channels too
         stolen = transport.WeightSubscriber(weights.endpoint, second, actor_id="a", token=token, wait_s=0.2)
         assert stolen.wait_newer(-1, timeout=1.5) is None and weights.stats["invalid"]["unregistered"] >= 1
-        sender = transport.TrajectorySender([receiver.endpoint], second)
+        sender = transport.SegmentSender([receiver.endpoint], second)
         seg = make_segment(SPEC, B=2, actor_id="a")
         seg.meta["token"] = token
         sender.send(seg)

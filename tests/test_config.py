@@ -130,6 +130,8 @@ def test_a_renamed_key_is_read_as_its_new_name_for_one_release_with_one_warning(
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 3 and all("'env.replay_failed_starts' is deprecated" in m and "'env.retry_failed_starts'" in m
                                   and "\n" not in m for m in said), said
+    with caplog.at_level("WARNING", logger="asyncvla.config"):
+        assert load_config(None, ["transport.trajectory_port=6000"]).transport.segment_port == 6000
     with pytest.raises(ConfigError, match="both 'env.replay_failed_starts' and 'env.retry_failed_starts' are set"):
         load_config(write(tmp_path, "env:\n  replay_failed_starts: 0.25\n  retry_failed_starts: 0.5\n"))
 

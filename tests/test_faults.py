@@ -50,8 +50,8 @@ def test_every_segment_a_rank_acks_is_accounted_for():
     """Trained (last column taken), dropped stale (on arrival or left over), future_version,
     invalid by reason, or still buffered: acked = the sum at every moment, in columns too."""
     cfg = tcfg()
-    receiver = transport.TrajectoryReceiver(cfg, 0, SPEC, endpoint="tcp://127.0.0.1:*")
-    sender = transport.TrajectorySender([receiver.endpoint], cfg)
+    receiver = transport.SegmentReceiver(cfg, 0, SPEC, endpoint="tcp://127.0.0.1:*")
+    sender = transport.SegmentSender([receiver.endpoint], cfg)
     inbox, stop = Inbox(receiver, max_policy_lag=1), threading.Event()
 
     def send(version, seq):
@@ -84,7 +84,7 @@ def test_a_token_no_ascii_string_compares_with_is_refused_not_fatal():
     """hmac.compare_digest raises TypeError on a str with non-ASCII characters: a heartbeat
     carrying one killed the control server's thread. Each channel refuses it and serves on."""
     cfg = tcfg(heartbeat_timeout_s=6.0)
-    receiver = transport.TrajectoryReceiver(cfg, 0, SPEC, endpoint="tcp://127.0.0.1:*")
+    receiver = transport.SegmentReceiver(cfg, 0, SPEC, endpoint="tcp://127.0.0.1:*")
     control = transport.ControlServer(cfg, welcome_fn_for([receiver.endpoint]), endpoint="tcp://127.0.0.1:*")
     weights = transport.WeightServer(cfg, endpoint="tcp://127.0.0.1:*")
     weights.publish(1, {"w": np.zeros(2, np.float32)})
@@ -116,12 +116,12 @@ def test_ranks_in_lock_step_never_starve_for_an_actor_s_room():
     round-robin, its segments piled up untaken at rank 0 until its allowance (2) was all there
     and rank 1 starved (3 rounds in); sent to the rank holding the fewest, they do not."""
     cfg = tcfg(linger_ms=0)
-    ranks = [transport.TrajectoryReceiver(cfg, r, SPEC, endpoint="tcp://127.0.0.1:*") for r in range(2)]
+    ranks = [transport.SegmentReceiver(cfg, r, SPEC, endpoint="tcp://127.0.0.1:*") for r in range(2)]
     endpoints = [r.endpoint for r in ranks]
-    stays = transport.TrajectorySender(endpoints, cfg)
+    stays = transport.SegmentSender(endpoints, cfg)
     try:
         for seq in range(8):
-            passing = transport.TrajectorySender(endpoints, cfg)
+            passing = transport.SegmentSender(endpoints, cfg)
             assert passing.send(make_segment(SPEC, B=4, seq=100 + seq))
             assert ranks[0].recv(timeout_ms=5000) is not None          # rank 0 has its batch
             while stays.wait_for_room(2, timeout=0.2):
@@ -145,7 +145,7 @@ def suite(tmp_path_factory):
 
 def test_every_attack_ran(suite):
     faults = [r.fault for r in suite.rows]
-    for fault in ("fuzz control port", "fuzz weights port", "fuzz trajectory port", "lying episode stats and seq",
+    for fault in ("fuzz control port", "fuzz weights port", "fuzz segment port", "lying episode stats and seq",
                   "hello flood", "spoofed heartbeats/byes", "actor SIGTERM", "hello under a live actor's id",
                   "disk full during a save", "actor churn (SIGKILL)", "learner starving", "evaluator SIGKILL",
                   "launcher SIGINT", "learner SIGKILL during a save", "launcher SIGKILL",
@@ -199,7 +199,7 @@ def test_acked_equals_trained_plus_dropped_plus_buffered(suite):
     for r in rows:
         a = r.accounts
         assert a.balanced and a.acked == a.trained + a.dropped_total + a.buffered, (r.fault, a)
-    fuzz = suite.row("fuzz trajectory port").accounts
+    fuzz = suite.row("fuzz segment port").accounts
     assert fuzz.acked >= 10_000 and fuzz.trained > 0
     assert {"stale", "future_version", "invalid"} <= set(fuzz.dropped)
     assert fuzz.invalid["unregistered"] > 0 and len(fuzz.invalid) >= 8

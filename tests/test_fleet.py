@@ -74,7 +74,7 @@ def start_train(tmp: Path, name: str, host_lines: list[str] | None, overrides: l
     cmd = [sys.executable, "-m", "asyncvla.launch.cli", "train", "configs/pixel_task.yaml", *FLEET_RUN, *overrides,
            f"logging.output_dir={tmp / 'runs'}", f"logging.experiment_name={name}",
            f"transport.keys_dir={tmp / 'keys'}", f"transport.control_port={control}",
-           f"transport.weights_port={weights}", f"transport.trajectory_port={trajectory}",
+           f"transport.weights_port={weights}", f"transport.segment_port={trajectory}",
            f"launch.master_port={master}", *fleet]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,

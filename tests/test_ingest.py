@@ -26,8 +26,8 @@ SPEC = make_spec(T=2, B=4, H=8, L=4, K=2, D=2)
 @pytest.fixture
 def link():
     cfg = TransportConfig(linger_ms=200)
-    receiver = transport.TrajectoryReceiver(cfg, 0, SPEC, endpoint="tcp://127.0.0.1:*")
-    sender = transport.TrajectorySender([receiver.endpoint], cfg)
+    receiver = transport.SegmentReceiver(cfg, 0, SPEC, endpoint="tcp://127.0.0.1:*")
+    sender = transport.SegmentSender([receiver.endpoint], cfg)
     yield receiver, sender
     sender.close()
     receiver.close()

@@ -20,7 +20,7 @@ def test_a_run_gets_distinct_free_ports_outside_the_ephemeral_range():
     assert len(set(flat)) == len(flat)
     assert not any(low <= p <= high for p in flat)
     for run in given:
-        first = run["transport.trajectory_port"]
+        first = run["transport.segment_port"]
         ranks = range(first, first + ports.RANK_PORTS)
         assert not set(ranks) & (set(flat) - {first})            # no other key lands on a rank's port
         assert all(ports._is_free(p) for p in ranks)
@@ -60,7 +60,7 @@ def test_threads_taking_ports_at_once_get_distinct_ones():
         t.start()
     for t in threads:
         t.join()
-    held = [set(range(p, p + (ports.RANK_PORTS if key == "transport.trajectory_port" else 1)))
+    held = [set(range(p, p + (ports.RANK_PORTS if key == "transport.segment_port" else 1)))
             for run in got for key, p in run.items()]
     assert len(got) == 4 and sum(map(len, held)) == len(set().union(*held))
 

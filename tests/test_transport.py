@@ -18,7 +18,7 @@ import zmq
 from asyncvla.common.transport import protocol as P
 from asyncvla.common import transport
 from asyncvla.common.transport.sockets import bound_endpoint
-from asyncvla.common.transport.trajectory_channel import ack_count, ack_frame
+from asyncvla.common.transport.segment_channel import ack_count, ack_frame
 from tests.support.paths import REPO
 from tests.support.segments import make_segment, make_spec, process_token
 from tests.support.sockets import deep_list, hostile_requests, reasons_of, send_raw, tcfg, wait_until
@@ -57,8 +57,8 @@ def test_realistic_segment_round_trip_zero_copy(endpoint):
     spec = make_spec(T=16, B=8, H=128)
     seg = make_segment(spec)
     cfg = tcfg(fast=False)
-    receiver = transport.TrajectoryReceiver(cfg, 0, spec, endpoint=endpoint)
-    sender = transport.TrajectorySender([receiver.endpoint], cfg)
+    receiver = transport.SegmentReceiver(cfg, 0, spec, endpoint=endpoint)
+    sender = transport.SegmentSender([receiver.endpoint], cfg)
     try:
         assert sender.send(seg)
         out = receiver.recv(timeout_ms=10_000)
@@ -82,8 +82,8 @@ def two_ranks():
     """(spec, [rank 0 and rank 1 receivers], a sender connected to both), connections complete."""
     spec = make_spec(T=2, B=1, H=8, L=4)
     cfg = tcfg(fast=False)
-    ranks = [transport.TrajectoryReceiver(cfg, r, spec, endpoint="tcp://127.0.0.1:*") for r in range(2)]
-    sender = transport.TrajectorySender([r.endpoint for r in ranks], cfg)
+    ranks = [transport.SegmentReceiver(cfg, r, spec, endpoint="tcp://127.0.0.1:*") for r in range(2)]
+    sender = transport.SegmentSender([r.endpoint for r in ranks], cfg)
     wait_until(lambda: False, timeout=0.3)
     yield spec, ranks, sender
     sender.close()
@@ -127,8 +127,8 @@ def test_in_flight_counts_segments_until_a_rank_takes_them(two_ranks):
 def test_a_rank_acks_what_it_took_at_once_with_one_count_per_actor():
     spec = make_spec(T=2, B=1, H=8, L=4, K=2, D=2)
     cfg = tcfg(fast=False)
-    rx = transport.TrajectoryReceiver(cfg, 0, spec, endpoint="tcp://127.0.0.1:*")
-    senders = [transport.TrajectorySender([rx.endpoint], cfg) for _ in range(2)]
+    rx = transport.SegmentReceiver(cfg, 0, spec, endpoint="tcp://127.0.0.1:*")
+    senders = [transport.SegmentSender([rx.endpoint], cfg) for _ in range(2)]
     ctx = zmq.Context()
     spy = ctx.socket(zmq.DEALER)                  # sees its acks frame by frame
     spy.connect(rx.endpoint)
@@ -160,7 +160,7 @@ def test_an_ack_never_counts_more_than_was_sent():
     ctx = zmq.Context()
     fake = ctx.socket(zmq.ROUTER)                 # a "learner" that acks far too much
     fake.bind("tcp://127.0.0.1:*")
-    sender = transport.TrajectorySender([bound_endpoint(fake)], tcfg(fast=False))
+    sender = transport.SegmentSender([bound_endpoint(fake)], tcfg(fast=False))
     try:
         spec = make_spec(T=2, B=1, H=8, L=4, K=2, D=2)
         for i in range(2):
@@ -234,7 +234,7 @@ def _fuzz_messages(spec, count, rng):
 def test_fuzzed_messages_are_counted_and_valid_ones_arrive_intact(caplog):
     spec = make_spec(T=4, B=2, H=16, L=8, K=2, D=3, S=3)
     cfg = tcfg(fast=False, max_message_mb=1, recv_hwm=64)
-    receiver = transport.TrajectoryReceiver(cfg, 0, spec, endpoint="tcp://127.0.0.1:*")
+    receiver = transport.SegmentReceiver(cfg, 0, spec, endpoint="tcp://127.0.0.1:*")
     accepted, errors, done = [], [], threading.Event()
 
     def drain():
@@ -296,7 +296,7 @@ def in_action_range(seg: P.Segment, first: int, vocab: int) -> P.Segment:
     return seg
 
 
-def test_trajectory_receiver_drops_hostile_segments_and_keeps_serving():
+def test_segment_receiver_drops_hostile_segments_and_keeps_serving():
     spec = make_spec(T=2, B=2, H=8, L=4, K=2, D=2, vocab=512)
     spec = P.SegmentSpec(**{**spec.__dict__, "first_action_id": 256, "max_abs_reward": 1e4})
     good = in_action_range(make_segment(spec, B=2, truncations=1, episodes=1), 256, 512)
@@ -316,8 +316,8 @@ def test_trajectory_receiver_drops_hostile_segments_and_keeps_serving():
              "bad_token": with_array("action_tokens", lambda a: a.__setitem__((0, 0, 0), 255)),
              "bad_reward": with_array("rewards", lambda a: a.__setitem__((0, 0), 3e38))}
     cfg = tcfg(fast=False)
-    receiver = transport.TrajectoryReceiver(cfg, 0, spec, endpoint="tcp://127.0.0.1:*")
-    sender = transport.TrajectorySender([receiver.endpoint], cfg)
+    receiver = transport.SegmentReceiver(cfg, 0, spec, endpoint="tcp://127.0.0.1:*")
+    sender = transport.SegmentSender([receiver.endpoint], cfg)
     try:
         send_raw(receiver.endpoint, cases.values())
         assert receiver.recv(timeout_ms=500) is None
@@ -366,8 +366,8 @@ BP_SPEC = make_spec(T=3, B=4, H=128, L=4)          # ~0.8 MB per segment (images
 
 def test_drop_oldest_bounds_memory_and_counts_every_segment():
     cfg = tcfg(fast=False, send_hwm=2, recv_hwm=2)
-    receiver = transport.TrajectoryReceiver(cfg, 0, BP_SPEC, endpoint="tcp://127.0.0.1:*")
-    sender = transport.TrajectorySender([receiver.endpoint], cfg, backpressure="drop_oldest")
+    receiver = transport.SegmentReceiver(cfg, 0, BP_SPEC, endpoint="tcp://127.0.0.1:*")
+    sender = transport.SegmentSender([receiver.endpoint], cfg, backpressure="drop_oldest")
     total = 300                                              # ~240 MB offered to a learner that reads nothing
     base = _rss()
     peak = 0
@@ -396,8 +396,8 @@ def test_drop_oldest_bounds_memory_and_counts_every_segment():
 
 def test_block_mode_waits_with_bounded_memory_and_loses_nothing():
     cfg = tcfg(fast=False, send_hwm=2, recv_hwm=2)
-    receiver = transport.TrajectoryReceiver(cfg, 0, BP_SPEC, endpoint="tcp://127.0.0.1:*")
-    sender = transport.TrajectorySender([receiver.endpoint], cfg, backpressure="block")
+    receiver = transport.SegmentReceiver(cfg, 0, BP_SPEC, endpoint="tcp://127.0.0.1:*")
+    sender = transport.SegmentSender([receiver.endpoint], cfg, backpressure="block")
     total = 80
     base = _rss()
     thread = threading.Thread(target=lambda: [sender.send(_mb_segment(BP_SPEC, i)) for i in range(total)])
@@ -427,7 +427,7 @@ def test_block_mode_waits_with_bounded_memory_and_loses_nothing():
 
 def _send_and_leave(endpoint: str, count: int, token: str) -> None:
     spec = make_spec(T=2, B=1, H=64, L=4)
-    sender = transport.TrajectorySender([endpoint], tcfg(fast=False, linger_ms=10_000))
+    sender = transport.SegmentSender([endpoint], tcfg(fast=False, linger_ms=10_000))
     for i in range(count):
         seg = make_segment(spec, B=1, seq=i, truncations=0)
         seg.meta["token"] = token                  # the learner's process gave it (not this one)
@@ -439,7 +439,7 @@ def test_an_actor_that_leaves_right_after_sending_loses_nothing():
     # A rank discards what it still queues from a peer that disconnected; close() waits until the
     # rank has taken (acked) everything, so a slow learner still gets every segment.
     spec = make_spec(T=2, B=1, H=64, L=4)
-    receiver = transport.TrajectoryReceiver(tcfg(fast=False), 0, spec, endpoint="tcp://127.0.0.1:*")
+    receiver = transport.SegmentReceiver(tcfg(fast=False), 0, spec, endpoint="tcp://127.0.0.1:*")
     proc = mp.get_context("spawn").Process(target=_send_and_leave,
                                            args=(receiver.endpoint, 300, process_token("actor-0")))
     proc.start()
@@ -457,7 +457,7 @@ def test_an_actor_that_leaves_right_after_sending_loses_nothing():
 
 def test_close_with_an_absent_learner_counts_unsent_as_dropped():
     cfg = tcfg(fast=False, linger_ms=100)
-    sender = transport.TrajectorySender(["tcp://127.0.0.1:9"], cfg, backpressure="drop_oldest")
+    sender = transport.SegmentSender(["tcp://127.0.0.1:9"], cfg, backpressure="drop_oldest")
     spec = make_spec(T=2, B=1, H=8, L=4)
     for i in range(10):
         sender.send(make_segment(spec, B=1, seq=i, truncations=0))

@@ -74,7 +74,7 @@ def test_join_welcome_policy_files_bye_and_shutdown(tmp_path):
     try:
         welcome = a.join(timeout=10)
         assert welcome["rollout"] == {"segments_per_version": 3}           # built from the hello
-        assert welcome["trajectory_endpoints"] == ["tcp://127.0.0.1:2"]
+        assert welcome["segment_endpoints"] == ["tcp://127.0.0.1:2"]
         assert welcome["heartbeat_timeout_s"] == 6.0                     # the learner's setting
         assert welcome["config"]["transport"]["keys_dir"] == "/learner/only"   # passed on untouched
         files = a.fetch_policy_files(timeout=10)
@@ -190,7 +190,7 @@ def test_learner_client_drops_hostile_replies_and_joins():
     learner = ctx.socket(zmq.ROUTER)                 # a "learner" that answers hellos badly first
     learner.linger = 0
     learner.bind("tcp://127.0.0.1:*")
-    good = {"config": {}, "trajectory_endpoints": ["tcp://127.0.0.1:2"], "weights_endpoint": "tcp://127.0.0.1:3",
+    good = {"config": {}, "segment_endpoints": ["tcp://127.0.0.1:2"], "weights_endpoint": "tcp://127.0.0.1:3",
             "weight_version": 0, "policy": {"path": "/p"}, "rollout": {}, "token": "t"}
     replies = [[pack_header({"type": "welcome", "v": P.SCHEMA_VERSION, "meta": {**good, "config": deep_list(1000)},
                              "layout": []})],
@@ -209,7 +209,7 @@ def test_learner_client_drops_hostile_replies_and_joins():
             assert P.decode_control(hello, P.Limits.for_kind("request", 1), "hello").meta["actor_id"] == "a"
             learner.send_multipart([peer, *reply])
         thread.join()
-        assert joined[0]["trajectory_endpoints"] == ["tcp://127.0.0.1:2"] and client.token == "t"
+        assert joined[0]["segment_endpoints"] == ["tcp://127.0.0.1:2"] and client.token == "t"
         assert dict(client.stats["invalid"]) == {"too_deep": 1, "bad_welcome": 3}
     finally:
         client.close()
@@ -292,7 +292,7 @@ def test_a_restarted_actor_takes_its_id_once_the_old_connection_closed(caplog):
 
 class FakeLearner:
     """A bare ROUTER that answers a client's hellos as a test scripts them."""
-    WELCOME = {"config": {}, "trajectory_endpoints": ["tcp://127.0.0.1:2"], "weights_endpoint": "tcp://127.0.0.1:3",
+    WELCOME = {"config": {}, "segment_endpoints": ["tcp://127.0.0.1:2"], "weights_endpoint": "tcp://127.0.0.1:3",
                "weight_version": 0, "policy": {"path": "/p"}, "rollout": {}, "token": "t"}
 
     def __init__(self):
@@ -353,7 +353,7 @@ from tests.support.segments import make_segment, make_spec
 cfg = TransportConfig(heartbeat_interval_s=0.1, heartbeat_timeout_s=0.8, linger_ms=200)
 client = transport.LearnerClient(sys.argv[1], sys.argv[2], cfg)
 welcome = client.join(timeout=30)
-sender = transport.TrajectorySender(welcome["trajectory_endpoints"], cfg)
+sender = transport.SegmentSender(welcome["segment_endpoints"], cfg)
 spec = make_spec(T=2, B=2, H=16, L=8, K=2, D=3)
 seq = 0
 while True:
@@ -366,7 +366,7 @@ while True:
 
 
 def test_killed_actor_process_times_out_and_rejoins_when_restarted():
-    receiver = transport.TrajectoryReceiver(tcfg(), 0, SPEC, endpoint="tcp://127.0.0.1:*")
+    receiver = transport.SegmentReceiver(tcfg(), 0, SPEC, endpoint="tcp://127.0.0.1:*")
     server = transport.ControlServer(tcfg(), welcome_fn_for([receiver.endpoint]),
                                      endpoint="tcp://127.0.0.1:*")
     steady = transport.LearnerClient(server.endpoint, "steady", tcfg())    # an actor that stays
@@ -420,7 +420,7 @@ def test_learner_restart_on_the_same_port_is_rejoined(outage):
             assert wait_until(lambda: not client.learner_alive, 10)
         server = transport.ControlServer(tcfg(), welcome_fn_for(["tcp://127.0.0.1:3"]), endpoint=endpoint)
         assert wait_until(lambda: client.rejoins == 1 and client.learner_alive, 10)
-        assert client.welcome["trajectory_endpoints"] == ["tcp://127.0.0.1:3"]
+        assert client.welcome["segment_endpoints"] == ["tcp://127.0.0.1:3"]
         assert wait_until(lambda: server.counts()["alive"] == 1)
         assert server.counts()["joined_total"] == 1 and not client.finished
     finally:
@@ -453,7 +453,7 @@ def test_curve_refuses_unknown_clients_and_admits_known_ones(tmp_path):
     (rogue / "server.key").write_bytes((keys / "server.key").read_bytes())
 
     learner_cfg = tcfg(keys_dir=str(keys))
-    receiver = transport.TrajectoryReceiver(learner_cfg, 0, SPEC, endpoint="tcp://127.0.0.1:*")
+    receiver = transport.SegmentReceiver(learner_cfg, 0, SPEC, endpoint="tcp://127.0.0.1:*")
     server = transport.ControlServer(learner_cfg, welcome_fn_for([receiver.endpoint]),
                                      endpoint="tcp://127.0.0.1:*")
     clients = []
@@ -462,7 +462,7 @@ def test_curve_refuses_unknown_clients_and_admits_known_ones(tmp_path):
             clients.append(transport.LearnerClient(server.endpoint, f"rogue-{keys_dir is None}",
                                                    tcfg(keys_dir=keys_dir)))
             assert clients[-1].join(timeout=1.5) is None
-        intruder = transport.TrajectorySender([receiver.endpoint], tcfg(keys_dir=str(rogue)), "drop_oldest")
+        intruder = transport.SegmentSender([receiver.endpoint], tcfg(keys_dir=str(rogue)), "drop_oldest")
         intruder.send(make_segment(SPEC, B=2))
         assert receiver.recv(timeout_ms=500) is None
         intruder.close()
@@ -472,7 +472,7 @@ def test_curve_refuses_unknown_clients_and_admits_known_ones(tmp_path):
         clients.append(transport.LearnerClient(server.endpoint, "good", tcfg(keys_dir=bundle)))
         welcome = clients[-1].join(timeout=10)
         assert welcome is not None                                        # a known client joins
-        sender = transport.TrajectorySender(welcome["trajectory_endpoints"], tcfg(keys_dir=bundle))
+        sender = transport.SegmentSender(welcome["segment_endpoints"], tcfg(keys_dir=bundle))
         seg = make_segment(SPEC, B=2, seq=5, actor_id="good")
         seg.meta["token"] = clients[-1].token              # bound to this bundle's key
         sender.send(seg)
@@ -534,8 +534,8 @@ def test_advertised_endpoint_for_a_wildcard_bind(tmp_path):
     keys = tmp_path / "keys"
     assert cli.main(["keygen", str(keys)]) == 0
     cfg = tcfg(keys_dir=str(keys), bind_host="0.0.0.0", advertise_host="learner-0",
-               trajectory_port=free_port())
-    rx = transport.TrajectoryReceiver(cfg, 1, SPEC)
+               segment_port=free_port())
+    rx = transport.SegmentReceiver(cfg, 1, SPEC)
     try:
         assert rx.endpoint.startswith("tcp://learner-0:")
     finally:
@@ -543,7 +543,7 @@ def test_advertised_endpoint_for_a_wildcard_bind(tmp_path):
 
 
 def free_port() -> int:
-    return run_ports()["transport.trajectory_port"]       # the receiver adds its rank (1): that one is free too
+    return run_ports()["transport.segment_port"]       # the receiver adds its rank (1): that one is free too
 
 
 def test_a_flood_of_hellos_is_folded_into_summary_lines(caplog):

@@ -21,7 +21,8 @@ log = logging.getLogger("asyncvla.config")
 # checkpoints) still load, the key dropped.
 RETIRED_KEYS = ("logging.log_interval_s",)
 # Keys renamed, old -> new: the old name is read as the new one for one release, with a warning.
-RENAMED_KEYS = {"env.replay_failed_starts": "env.retry_failed_starts"}     # (0.1 -> 0.2: one meaning of "replay")
+RENAMED_KEYS = {"env.replay_failed_starts": "env.retry_failed_starts",     # (0.1 -> 0.2: one meaning of "replay",
+                "transport.trajectory_port": "transport.segment_port"}     #  and of "trajectory")
 
 
 def drop_retired(src, where: str = "config"):

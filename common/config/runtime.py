@@ -11,7 +11,7 @@ from .fields import opt
 @dataclass
 class ActorConfig:
     num_envs: int = opt(2, "environments per actor process", ge=1)
-    rollout_length: int = opt(16, "policy steps T per trajectory segment", ge=1)
+    rollout_length: int = opt(16, "policy steps T per segment", ge=1)
     device: str = opt("cpu", "torch device of the actor's policy copy (cpu, cuda, cuda:1, ...)")
     backpressure: str = opt("block", "when the learner is slow: block the actor, or drop its oldest "
                             "unsent segment (counted)", choices=["block", "drop_oldest"])
@@ -30,7 +30,7 @@ class TransportConfig:
                                         "this host's name when binding 0.0.0.0)")
     control_port: int = opt(5555, "learner rank 0 control (ROUTER) port", ge=1, le=65535)
     weights_port: int = opt(5556, "learner rank 0 weight-server port", ge=1, le=65535)
-    trajectory_port: int = opt(5560, "learner rank r pulls trajectories on trajectory_port + r",
+    segment_port: int = opt(5560, "learner rank r pulls segments on segment_port + r",
                                ge=1, le=65535)
     send_hwm: int = opt(4, "segments queued per actor before backpressure", ge=1)
     recv_hwm: int = opt(8, "segments queued per learner rank before actors are pushed back", ge=1)

@@ -1,11 +1,11 @@
 """ZeroMQ transport between actors and the learner: the three channels under one name.
 
-    trajectories  common/transport/trajectory_channel.py  actor TrajectorySender -> rank r TrajectoryReceiver
-                                                 (acked, bounded, backpressure)
-    weights       common/transport/weight_channel.py      rank 0 WeightServer <- actor WeightSubscriber
-                                                 ("newer than v?" long polls)
-    control       common/transport/control/               rank 0 ControlServer <- actor LearnerClient
-                                                 (hello/welcome, heartbeats, bye)
+    segments  common/transport/segment_channel.py  actor SegmentSender -> rank r SegmentReceiver
+                                                    (acked, bounded, backpressure)
+    weights   common/transport/weight_channel.py   rank 0 WeightServer <- actor WeightSubscriber
+                                                    ("newer than v?" long polls)
+    control   common/transport/control/            rank 0 ControlServer <- actor LearnerClient
+                                                    (hello/welcome, heartbeats, bye)
 
 Messages are those of common/transport/protocol/ (msgpack header + raw frames, zero-copy both ways);
 every received one is validated, and an invalid one, whatever it holds, is dropped, counted per
@@ -19,8 +19,8 @@ common/transport/sockets.py. This module holds no code of its own.
 from asyncvla.common.transport.control import ControlServer, LearnerClient, Registry
 from asyncvla.common.transport.protocol import Segment, SegmentSpec, ValidationError
 from asyncvla.common.transport.sockets import ThreadDied, TransportError
-from asyncvla.common.transport.trajectory_channel import BACKPRESSURE, TrajectoryReceiver, TrajectorySender
+from asyncvla.common.transport.segment_channel import BACKPRESSURE, SegmentReceiver, SegmentSender
 from asyncvla.common.transport.weight_channel import WeightServer, WeightSubscriber
 
-__all__ = ["BACKPRESSURE", "TrajectoryReceiver", "TrajectorySender", "WeightServer", "WeightSubscriber", "ControlServer",
+__all__ = ["BACKPRESSURE", "SegmentReceiver", "SegmentSender", "WeightServer", "WeightSubscriber", "ControlServer",
            "LearnerClient", "Registry", "Segment", "SegmentSpec", "ThreadDied", "TransportError", "ValidationError"]

@@ -155,7 +155,7 @@ def _train_rate(tmp, name: str, steps: int, ports, extra: list[str]) -> float:
     cmd = [sys.executable, "-m", "asyncvla.launch.cli", "train", workload.CONFIG, *FLEET_OVERRIDES,
            f"learner.max_steps={steps}", f"logging.output_dir={tmp / 'runs'}", f"logging.experiment_name={name}",
            f"transport.keys_dir={tmp / 'keys'}", f"transport.control_port={control}",
-           f"transport.weights_port={weights}", f"transport.trajectory_port={trajectory}",
+           f"transport.weights_port={weights}", f"transport.segment_port={trajectory}",
            f"launch.master_port={master}", *extra]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))

@@ -5,7 +5,7 @@ Trajectories: segments of about 64 KB, 1 MB, 8 MB and 32 MB (plus the realistic 
 alternating, best of the repeats (also the CPU time both processes spend per segment, steadier
 than rates on a machine shared with other work, and that of the two calling threads alone, without
 ZeroMQ's I/O threads: where encode, validation and the Python around them show), three ways:
-  ours      TrajectorySender -> TrajectoryReceiver: encode, send zero-copy, receive zero-copy,
+  ours      SegmentSender -> SegmentReceiver: encode, send zero-copy, receive zero-copy,
             decode and validate every field, ack;
   raw       bare pyzmq PUSH/PULL moving the segment's bytes as a hand-written pipeline would: a
             msgpack header and one zero-copy frame per array, no checks (the baseline, >= 80 %);
@@ -120,7 +120,7 @@ def _sender(mode: str, endpoint: str, side: int, t: int, b: int, count: int, tcf
     seg = _segment(side, t, b)
     cpu0, thread0 = time.process_time(), time.thread_time()
     if mode == "ours":
-        sender = transport.TrajectorySender([endpoint], cfg)
+        sender = transport.SegmentSender([endpoint], cfg)
         for _ in range(count):
             sender.send(seg)
         cpu = time.process_time() - cpu0, time.thread_time() - thread0
@@ -148,7 +148,7 @@ def _throughput(mode: str, side: int, t: int, b: int, count: int) -> tuple[float
     cfg = TransportConfig(linger_ms=5000)
     warm = 3
     if mode == "ours":      # as a learner's inbox takes them: what has arrived, up to a batch
-        rx = transport.TrajectoryReceiver(cfg, 0, _spec(side, t), endpoint="tcp://127.0.0.1:*", auth_key=KEY)
+        rx = transport.SegmentReceiver(cfg, 0, _spec(side, t), endpoint="tcp://127.0.0.1:*", auth_key=KEY)
         receive, endpoint, close = lambda n: rx.recv_many(n, timeout_ms=30_000), rx.endpoint, rx.close
     else:
         ctx = zmq.Context()

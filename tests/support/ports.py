@@ -4,7 +4,7 @@ A port the kernel hands out with bind(0) lies in its ephemeral range, where ever
 connection on the machine takes its source port: one found free there can be taken a moment later,
 before the run that was given it binds it. So the ports come from outside that range, each
 pytest-xdist worker from its own slice, in turn, and each is checked free as it is handed out; a
-run's trajectory port comes with its other ranks' ports (trajectory_port + r) free too.
+run's trajectory port comes with its other ranks' ports (segment_port + r) free too.
 
 A port is handed out once per machine while its taker lives: the fault suite starts runs from
 several threads at once, and tests start benchmarks in processes of their own on the same slice.
@@ -22,9 +22,9 @@ import tempfile
 import threading
 from pathlib import Path
 
-# The ports one `asyncvla train` run binds, by config key (trajectory_port is rank 0's; rank r
-# binds trajectory_port + r).
-RUN_PORTS = ("transport.control_port", "transport.weights_port", "transport.trajectory_port", "launch.master_port")
+# The ports one `asyncvla train` run binds, by config key (segment_port is rank 0's; rank r
+# binds segment_port + r).
+RUN_PORTS = ("transport.control_port", "transport.weights_port", "transport.segment_port", "launch.master_port")
 RANK_PORTS = 8          # trajectory ports kept free per run: rank 0's and the next 7
 FIRST_PORT = 15000      # the pool starts here, above the well-known services
 
@@ -138,7 +138,7 @@ def free_ports(n: int) -> list[int]:
 
 def run_ports() -> dict[str, int]:
     """Distinct free ports for one run: config key -> port, with the ports of ranks 1-7 free too."""
-    return {key: _take(RANK_PORTS if key == "transport.trajectory_port" else 1) for key in RUN_PORTS}
+    return {key: _take(RANK_PORTS if key == "transport.segment_port" else 1) for key in RUN_PORTS}
 
 
 def run_port_overrides() -> list[str]:

@@ -40,7 +40,7 @@ def tcfg(fast: bool = True, **kw) -> TransportConfig:
 
 def welcome_fn_for(endpoints, weights="tcp://127.0.0.1:1"):
     def welcome(hello):
-        return {"config": {"transport": {"keys_dir": "/learner/only"}}, "trajectory_endpoints": endpoints,
+        return {"config": {"transport": {"keys_dir": "/learner/only"}}, "segment_endpoints": endpoints,
                 "weights_endpoint": weights, "weight_version": 0, "policy": {"path": "/not/here"},
                 "rollout": {"segments_per_version": 1 + hello["num_envs"]}}
     return welcome
@@ -61,7 +61,7 @@ class FakeLearner:
         self._thread.start()
 
     def _serve(self):
-        welcome = {"config": {}, "trajectory_endpoints": ["tcp://127.0.0.1:2"], "policy": {"path": "/not/here"},
+        welcome = {"config": {}, "segment_endpoints": ["tcp://127.0.0.1:2"], "policy": {"path": "/not/here"},
                    "weights_endpoint": "tcp://127.0.0.1:3", "weight_version": 0, "rollout": {}, "token": "t"}
         while not self._stop.is_set():
             if not self.sock.poll(50):

@@ -10,7 +10,7 @@ from asyncvla.common.transport.protocol import ValidationError
 BACKOFF_MIN_S = 0.1
 ID_WAIT_S = 60.0              # a first hello refused as id_taken is said again for this long
 POLL_MS = 50
-WELCOME_KEYS = {"config": dict, "trajectory_endpoints": list, "weights_endpoint": str,
+WELCOME_KEYS = {"config": dict, "segment_endpoints": list, "weights_endpoint": str,
                 "weight_version": int, "policy": dict, "rollout": dict, "token": str}
 NO_ANSWER_WARN_S = 5.0        # an actor waiting this long for its welcome says why it may be
 NO_ANSWER_REPEAT_S = 30.0     # ... and again this often while it keeps trying
@@ -35,8 +35,8 @@ def check_welcome(meta: dict) -> None:
     for key, typ in WELCOME_KEYS.items():
         if not isinstance(meta.get(key), typ) or isinstance(meta.get(key), bool):
             raise ValidationError("bad_welcome", f"welcome '{key}' must be a {typ.__name__}")
-    if not all(isinstance(e, str) for e in meta["trajectory_endpoints"]) or not meta["trajectory_endpoints"]:
-        raise ValidationError("bad_welcome", "welcome 'trajectory_endpoints' must be a non-empty list "
+    if not all(isinstance(e, str) for e in meta["segment_endpoints"]) or not meta["segment_endpoints"]:
+        raise ValidationError("bad_welcome", "welcome 'segment_endpoints' must be a non-empty list "
                                              "of strings")
     for key in ("heartbeat_interval_s", "heartbeat_timeout_s"):      # the client thread times with them
         value = meta.get(key, 1.0)

@@ -153,7 +153,7 @@ class EventLog:
 class ControlServer:
     """ROUTER on control_port (or `endpoint`), served by a background thread.
 
-    welcome_fn(hello: dict) -> dict builds the welcome (config dict, trajectory_endpoints,
+    welcome_fn(hello: dict) -> dict builds the welcome (config dict, segment_endpoints,
     weights_endpoint, weight_version, policy {path, optional files {relpath: bytes}}); the server
     adds the heartbeat settings, its `learner_id` (drawn per server: a client tells a restarted
     learner from the same one) and the actor's token, from `tokens` (a TokenLedger, which the

@@ -1,8 +1,8 @@
 """Trajectories from actors to learner ranks: each rank's ROUTER inbox and each actor's DEALER
 outbox, with acks so an actor knows how many of its segments no rank has taken yet.
 
-    actor TrajectorySender (a DEALER per rank)
-        -> learner rank r TrajectoryReceiver (ROUTER on trajectory_port + r)
+    actor SegmentSender (a DEALER per rank)
+        -> learner rank r SegmentReceiver (ROUTER on segment_port + r)
         <- an ack: the count of the actor's segments the rank just took
 
 Queues are bounded: a slow learner pushes back on its actors, which block or drop their oldest
@@ -43,8 +43,8 @@ log = logging.getLogger("asyncvla.transport")
 BACKPRESSURE = ("block", "drop_oldest")
 
 
-class TrajectoryReceiver:
-    """One learner rank's inbox: ROUTER bound on trajectory_port + rank (or `endpoint`).
+class SegmentReceiver:
+    """One learner rank's inbox: ROUTER bound on segment_port + rank (or `endpoint`).
     `recv` returns validated segments whose arrays view the received frames, and acks each
     message it takes (valid or not) to its sender. Invalid messages, whatever they hold, are
     dropped and counted by reason in `stats["invalid"]`. ZeroMQ caps each frame at
@@ -63,7 +63,7 @@ class TrajectoryReceiver:
         self._node = Node(tcfg, server=True)
         try:
             self._router = self._node.socket(zmq.ROUTER, bind=endpoint or bind_endpoint(
-                tcfg, tcfg.trajectory_port + rank), RCVHWM=tcfg.recv_hwm)
+                tcfg, tcfg.segment_port + rank), RCVHWM=tcfg.recv_hwm)
         except BaseException:
             self._node.close(0)
             raise
@@ -71,11 +71,11 @@ class TrajectoryReceiver:
         key = auth_key or (self._node.token_key if self._node.curve is not None or rank == 0 else None)
         self.tokens = tokens or (TokenLedger(key) if key is not None else None)
         if self.tokens is None:
-            log.info("trajectory receiver (rank %d): without CURVE keys this rank cannot check the tokens "
+            log.info("segment receiver (rank %d): without CURVE keys this rank cannot check the tokens "
                      "rank 0 gives actors; it takes any valid segment", rank)
         self._limits = Limits.for_kind(SEGMENT, tcfg.max_message_mb)
         self.stats = {"received": 0, "bytes": 0, "invalid": Counter()}
-        self._drop_log = DropLog(f"trajectory receiver (rank {rank})")
+        self._drop_log = DropLog(f"segment receiver (rank {rank})")
 
     def recv(self, timeout_ms: int | None = None) -> Segment | None:
         """The next valid segment, or None after `timeout_ms` (None: wait forever)."""
@@ -155,7 +155,7 @@ def ack_count(frame) -> int:
     return int.from_bytes(data, "little") if len(data) == 4 else 0
 
 
-class TrajectorySender:
+class SegmentSender:
     """An actor's outbox: a DEALER connected to each learner rank; segments go to the ranks whose
     queues have room, in turn (a rank holding its share of the allowance untaken is passed over
     for one holding none: see the module docstring), and each rank acks the segments it takes
@@ -175,7 +175,7 @@ class TrajectorySender:
                              f"choose one of {list(BACKPRESSURE)}")
         endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not endpoints:
-            raise ValueError("TrajectorySender needs at least one learner endpoint")
+            raise ValueError("SegmentSender needs at least one learner endpoint")
         self.backpressure = backpressure
         self._linger_s = tcfg.linger_ms / 1000
         self._node = Node(tcfg, server=False)
