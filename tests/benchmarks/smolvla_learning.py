@@ -17,9 +17,14 @@ Per task (--task pixel: configs/pixel_task.yaml; pushcube: configs/smolvla.yaml)
                  loaded again from that LeRobot directory.
 Every stage is cached under OUT/smolvla_learning/TASK/ (delete a folder to redo it). Writes
 OUT/smolvla_learning_TASK.json, .md (the table) and .png (success vs wall time, per seed, with
-intervals). Pixel task: ~35 min per seed on 2 cores.
+intervals). Pixel task: ~30 min per seed on 2 cores.
 
     python -m tests.benchmarks.smolvla_learning --task pixel --seeds 0,1,2
+    python -m tests.benchmarks.smolvla_learning --task pixel --seeds 0 --variant lora policy.is_lora=true ...
+
+A variant (--variant NAME, then RL overrides after the task's own) keeps the demos and the LeRobot
+policies and puts its RL runs and outputs under its own name (TASK_NAME): a change to the RL recipe
+is measured from the same starts.
 """
 
 from __future__ import annotations
@@ -51,9 +56,12 @@ TASKS = {
 }
 
 
-def run(task: str, seeds: list[int], out: Path, episodes: int, save_interval: int) -> dict:
+def run(task: str, seeds: list[int], out: Path, episodes: int, save_interval: int,
+        variant: str | None = None, rl_overrides: tuple[str, ...] = ()) -> dict:
     t = TASKS[task]
     work = out / "smolvla_learning" / task
+    runs = work if variant is None else out / "smolvla_learning" / f"{task}_{variant}"
+    runs.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     cli = [sys.executable, "-m", "asyncvla.launch.cli"]
     demos = work / "demos"
@@ -61,23 +69,24 @@ def run(task: str, seeds: list[int], out: Path, episodes: int, save_interval: in
         shutil.rmtree(demos, ignore_errors=True)
         _run(cli + ["collect", t["config"], "--episodes", str(t["demos"]), "--format", "lerobot", "--out", str(demos)])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    results = {"task": task, "config": t["config"], "episodes": episodes, "eval_seed": EVAL_SEED, "commit": commit,
-               "cores": os.cpu_count(), "seeds": {}}
+    results = {"task": task if variant is None else f"{task}_{variant}", "config": t["config"], "episodes": episodes,
+               "eval_seed": EVAL_SEED, "commit": commit, "cores": os.cpu_count(),
+               "rl_overrides": [*t["rl"], *rl_overrides], "seeds": {}}
     for seed in seeds:
         lerobot_dir = work / f"lerobot_seed{seed}"
         if not (lerobot_dir / "policy" / "model.safetensors").exists():
             _run([str(INTEROP_PY), str(REPO / "tests" / "interop" / "smolvla_train.py"), str(demos), str(lerobot_dir),
                   *t["sft"], "--train-vlm", "--seed", str(seed)], log=work / f"lerobot_seed{seed}.log")
-        run_dir = work / f"rl_seed{seed}"
+        run_dir = runs / f"rl_seed{seed}"
         if not (run_dir / "rl_done.json").exists():
             shutil.rmtree(run_dir, ignore_errors=True)
-            _run(cli + ["train", t["config"], *t["rl"], f"policy.pretrained_path={lerobot_dir / 'policy'}",
-                        f"env.seed={seed}", f"actor.seed={seed}", f"logging.output_dir={work}",
+            _run(cli + ["train", t["config"], *t["rl"], *rl_overrides, f"policy.pretrained_path={lerobot_dir / 'policy'}",
+                        f"env.seed={seed}", f"actor.seed={seed}", f"logging.output_dir={runs}",
                         f"logging.experiment_name=rl_seed{seed}", "logging.progress=false", "eval.eval_interval=0",
                         f"checkpoint.save_interval={save_interval}", "checkpoint.keep_last=1000",
-                        *run_port_overrides()], log=work / f"rl_seed{seed}.log")
+                        *run_port_overrides()], log=runs / f"rl_seed{seed}.log")
             (run_dir / "rl_done.json").write_text("{}")
-        exported = work / f"exported_seed{seed}"
+        exported = runs / f"exported_seed{seed}"
         if not (exported / "model.safetensors").exists():
             shutil.rmtree(exported, ignore_errors=True)
             _run(cli + ["export", str(run_dir), "--out", str(exported), "--format", "lerobot", "--weights", "ema"])
@@ -166,10 +175,15 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=128)
     ap.add_argument("--save-interval", type=int, default=100, help="updates between the curve's checkpoints")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
+    ap.add_argument("--variant", help="a name for RL runs with the overrides that follow (see above)")
+    ap.add_argument("rl_overrides", nargs="*", help="key=value overrides of the RL runs, after the task's own")
     args = ap.parse_args()
+    if args.rl_overrides and not args.variant:
+        ap.error("RL overrides change the recipe: name them with --variant NAME, so their runs do not mix with the task's")
     if not INTEROP_PY.exists():
         sys.exit(f"{INTEROP_PY} is missing: `make interop-env` builds LeRobot's environment")
-    results = run(args.task, [int(s) for s in args.seeds.split(",")], args.out, args.episodes, args.save_interval)
+    results = run(args.task, [int(s) for s in args.seeds.split(",")], args.out, args.episodes, args.save_interval,
+                  args.variant, tuple(args.rl_overrides))
     print(markdown(results))
 
 
