@@ -102,8 +102,8 @@ def bc_fit_on_eval_states(policy, episodes: int, seed: int, steps: int = 200) ->
     """Behaviour cloning of the oracle (scripted_actions) on the very states the evaluation below
     visits: its fixed initial states, followed with the oracle's actions at bin centres (so a policy
     that reproduces the tokens replays those states exactly). A memorised policy, not a general one."""
-    env = make_env(EnvConfig(id="PixelReach-v0", auto_reset=False, use_fixed_reset_state_ids=True),
-                   episodes, 64, 4, "chunk_level", seed, action_dim=2)
+    env = make_env(EnvConfig(id="PixelReach-v0", auto_reset=False), episodes, 64, 4, "chunk_level", seed,
+                   action_dim=2, purpose="evaluate")
     obs = env.reset(seed=round_seed(seed, 0))
     texts = list(env.instructions)
     images, tokens, instr, active = [], [], [], np.ones(episodes, bool)

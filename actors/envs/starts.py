@@ -10,7 +10,8 @@ The purposes (PURPOSES): `train` hands out fresh starts (env.use_fixed_reset_sta
 ones at every reset), GRPO's groups of episodes from one start (group_size, the estimator's
 episodes_per_start) and retries of failed starts (env.retry_failed_starts); `evaluate` starts over
 at every reset(seed), so that an evaluation with the same seed sees the same initial states
-whatever the policy; `collect` hands out fresh starts for demonstrations. The envs only ask for the
+whatever the policy, and its starts are held out by construction (seeds in [2^31, 2^32), where
+training's and collection's are below 2^31); `collect` hands out fresh starts for demonstrations. The envs only ask for the
 next start and say how an episode ended.
 """
 
@@ -23,6 +24,7 @@ import numpy as np
 
 PURPOSES = ("train", "evaluate", "collect")
 
+HELD_OUT_BIT = 1 << 31   # set in every evaluation start, in no other (episode_seed, group_seed: 31 bits)
 RETRY_TRIES = 3     # a failed start is retried at most this often (unless solved first)
 RETRY_QUEUE = 64    # failed starts waiting for a retry; older ones drop out
 
@@ -55,7 +57,7 @@ class StartSchedule:
     """
 
     def __init__(self, seed: int, num_envs: int, fixed: bool = False, group_size: int = 1,
-                 retry_failed: float = 0.0):
+                 retry_failed: float = 0.0, held_out: bool = False):
         if group_size > 1 and fixed:
             raise ValueError("fixed reset states and groups of episodes exclude each other")
         if retry_failed and (fixed or group_size > 1):
@@ -64,6 +66,7 @@ class StartSchedule:
         if not 0.0 <= retry_failed <= 1.0:
             raise ValueError(f"retry_failed={retry_failed} is a probability: 0 <= p <= 1")
         self.seed, self.fixed, self.group_size = int(seed), fixed, int(group_size)
+        self._held_out = HELD_OUT_BIT if held_out else 0
         self.count = np.zeros(num_envs, np.int64)
         self.slot = np.full(num_envs, -1, np.int64)
         self._reserved = np.full(num_envs, -1, np.int64)
@@ -91,7 +94,7 @@ class StartSchedule:
             if self._failed and self._rng.random() < self.retry_failed:
                 self._pending[i] = self._failed.popleft()
             else:
-                self._pending[i] = (episode_seed(self.seed, i, int(self.count[i])), 0)
+                self._pending[i] = (episode_seed(self.seed, i, int(self.count[i])) | self._held_out, 0)
         return self._pending[i][0]
 
     def take(self, i: int) -> int:
@@ -118,5 +121,5 @@ class StartSchedule:
         if purpose not in PURPOSES:
             raise ValueError(f"purpose={purpose!r}: one of {list(PURPOSES)}")
         if purpose != "train":
-            return cls(seed, num_envs, fixed=purpose == "evaluate")
+            return cls(seed, num_envs, fixed=purpose == "evaluate", held_out=purpose == "evaluate")
         return cls(seed, num_envs, env_cfg.use_fixed_reset_state_ids, group_size, env_cfg.retry_failed_starts)
