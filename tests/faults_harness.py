@@ -11,9 +11,9 @@ mounted (for the disk-full attack). The attacks, each a function taking its size
 Row (fault, count tried, outcome, problems, the learner's segment accounting over the attack, its
 RSS), in the order run_suite runs them:
 
-  fuzz <port>      messages to the control, weights and trajectory ports: random bytes, flipped
+  fuzz <port>      messages to the control, weights and segment ports: random bytes, flipped
                    and truncated headers, deep nesting, huge shapes, many frames, wrong types,
-                   valid-looking messages with out-of-range values; on the trajectory port also
+                   valid-looking messages with out-of-range values; on the segment port also
                    segments of a registered fuzz actor that are stale, from a future version,
                    valid (trained on), repeated (same seq), claiming env_steps = 2**63 - 1, and
                    valid ones without its token
@@ -109,7 +109,7 @@ class Sizes:
     hellos: int = 2_000
     outsiders: int = 200         # hellos without the run's join secret
     spoofs: int = 400            # of each kind (heartbeat, bye, get_policy_files, get_weights)
-    valid_segments: int = 20     # of the trajectory fuzz: valid segments of a registered fuzz actor
+    valid_segments: int = 20     # of the segment fuzz: valid segments of a registered fuzz actor
     lies: int = 5                # rounds of segments lying about their seq and episode stats (4 each)
     churn_s: float = 30.0
     churn_every_s: float = 10.0
@@ -513,7 +513,7 @@ def endpoints(run: Run) -> dict:
     p = run.ports
     return {"control": f"tcp://127.0.0.1:{p['transport.control_port']}",
             "weights": f"tcp://127.0.0.1:{p['transport.weights_port']}",
-            "trajectory": [f"tcp://127.0.0.1:{p['transport.segment_port'] + r}" for r in range(run.ranks)]}
+            "segment": [f"tcp://127.0.0.1:{p['transport.segment_port'] + r}" for r in range(run.ranks)]}
 
 
 def secret(run_dir: Path) -> dict:
@@ -699,7 +699,7 @@ SEGMENT_KINDS = ("valid", "stale", "future_version", "unregistered", "repeat", "
 
 def segment_fuzz(count: int, rng, maker: SegmentMaker, version_fn, categories=(*HOSTILE, *SEGMENT_KINDS[1:4]),
                     first_seq: int = 0):
-    """(category, frames) for the trajectory port. Besides the hostile kinds: segments of the
+    """(category, frames) for the segment port. Besides the hostile kinds: segments of the
     registered fuzz actor that are valid (trained on, or dropped stale when the learner moved on
     meanwhile), stale (version 0), from a future version, valid ones without its token, a valid one
     sent twice (the second copy a repeat: the same seq), and one claiming env_steps = 2**63 - 1
@@ -775,7 +775,7 @@ def fuzz(run: Run, port: str, count: int, rng, maker: SegmentMaker | None = None
     the port's cap from another (ZeroMQ drops that connection). Problems: an answer that grants
     something (weights, policy files, a heartbeat's answer), a learner that died or stopped.
 
-    A rank reads its trajectory port only while it waits for data, so the hostile segments are
+    A rank reads its segment port only while it waits for data, so the hostile segments are
     sent while the local actors are paused (SIGSTOP, for the seconds the sending takes): the
     learner then reads them as fast as it can. `valid` segments of the registered fuzz actor
     follow with the actors running again: the learner trains on them (or drops them stale) beside
@@ -795,12 +795,12 @@ def fuzz(run: Run, port: str, count: int, rng, maker: SegmentMaker | None = None
     t0 = time.time()
     peer = Peer(eps[port])
     sent: dict[str, int] = {}
-    paused = run.actors() if port == "trajectory" else []
+    paused = run.actors() if port == "segment" else []
     try:
         _signal_groups(paused, signal.SIGSTOP)
         _send_all(peer, stream, sent, probe, t0 + timeout_s)
         big = Peer(eps[port])
-        cap = P.REQUEST_MAX_BYTES if port != "trajectory" else 8 << 20
+        cap = P.REQUEST_MAX_BYTES if port != "segment" else 8 << 20
         for _ in range(3):
             big.send([bytes(cap + 1)])
         sent["over_the_frame_cap"] = 3
@@ -810,7 +810,7 @@ def fuzz(run: Run, port: str, count: int, rng, maker: SegmentMaker | None = None
         # waits in a collective for the others and reads no more until the actors feed them.
         _signal_groups(paused, signal.SIGCONT)
         paused, t_hostile = [], time.time() - t0
-        if port == "trajectory":
+        if port == "segment":
             _wait_acks(peer, sum(sent.values()) - 3, t0 + timeout_s)
         if valid:
             _send_all(peer, segment_fuzz(valid, rng, maker, probe, categories=("valid", "repeat", "huge_counter"),
@@ -836,7 +836,7 @@ def fuzz(run: Run, port: str, count: int, rng, maker: SegmentMaker | None = None
     replies = ", ".join(f"{k} {v}" for k, v in sorted(peer.replies.items()))
     row.outcome = f"{row.seconds:.0f} s; answers: {replies or 'none'}; learner alive, training"
     row.detail = {"sent": sent, "replies": peer.replies}
-    if port == "trajectory":
+    if port == "segment":
         row.detail["hostile_s"] = round(t_hostile, 1)
         acks = peer.replies.get("ack", 0)
         if row.accounts.acked < acks:
@@ -894,14 +894,14 @@ def lying_segments(run: Run, maker: SegmentMaker, rounds: int, rng, first_seq: i
     times each: seq = 2**63 - 1 (a stream that took it would drop its next seqs as repeats, and
     count 2**63 missing), an ended episode of 2**62 steps, one with a return of float32's largest
     value (either would own the episode metrics of an update). Each round: a valid segment, the
-    three lies, the next valid one (seqs from `first_seq`, where the trajectory fuzz left the
+    three lies, the next valid one (seqs from `first_seq`, where the segment fuzz left the
     stream). Problems: the lies not dropped exactly as bad_counter (seq, length) and bad_reward
     (return), a duplicate (the stream moved), more seq gaps than the two lies with a seq of their
     own per round leave."""
     row = Row("lying episode stats and seq")
     probe = VersionProbe(run, maker.registration)
     before, t0 = run.accounts(), time.time()
-    peer = Peer(endpoints(run)["trajectory"])
+    peer = Peer(endpoints(run)["segment"])
     sent: dict[str, int] = {}
     try:
         probe.refresh()
@@ -1621,7 +1621,7 @@ def huge_flow_chains(out: Path, count: int = 12, updates: int = 60) -> Row:
         maker = SegmentMaker(run, registration)
         probe = VersionProbe(run, registration)
         probe.refresh()
-        peer = Peer(endpoints(run)["trajectory"])
+        peer = Peer(endpoints(run)["segment"])
         rng = np.random.default_rng(1)
         for i in range(count):
             seg = maker.segment(rng, probe(), B=2, seq=i)
@@ -2133,7 +2133,7 @@ def run_suite(out: Path, sizes: Sizes) -> SuiteResult:
         _guarded(rows, "hello under a live actor's id", id_hijack, run, got[1] if got else None)
         _guarded(rows, "squatter on a killed actor's id", squatter, run)
         _guarded(rows, "fuzz weights port", fuzz, run, "weights", sizes.fuzz_per_port, rng, None, real_ids)
-        _guarded(rows, "fuzz segment port", fuzz, run, "trajectory", sizes.fuzz_per_port, rng, maker, (),
+        _guarded(rows, "fuzz segment port", fuzz, run, "segment", sizes.fuzz_per_port, rng, maker, (),
                  sizes.valid_segments)
         _guarded(rows, "lying episode stats and seq", lying_segments, run, maker, sizes.lies, rng,
                  sizes.fuzz_per_port + sizes.valid_segments)

@@ -156,7 +156,7 @@ def test_every_attack_ran(suite):
                   "config: nan/inf values", "diverging run (learner.lr=1e6)", "checkpoint folder not writable",
                   "final save fails"):
         assert fault in faults, (fault, faults)
-    for port in ("control", "weights", "trajectory"):
+    for port in ("control", "weights", "segment"):
         assert suite.row(f"fuzz {port} port").tried >= 10_000
 
 

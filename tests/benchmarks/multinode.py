@@ -78,7 +78,7 @@ def run(quick: bool = False) -> dict:
         overrides = OVERRIDES + [f"logging.output_dir={tmp / 'runs'}", "logging.experiment_name=multinode",
                                  f"transport.keys_dir={keys}", f"transport.control_port={ports['control']}",
                                  f"transport.weights_port={ports['weights']}",
-                                 f"transport.segment_port={ports['trajectory']}",
+                                 f"transport.segment_port={ports['segment']}",
                                  f"launch.master_port={ports['master']}"]
         control = f"tcp://{NODES[0]}:{ports['control']}"
         env = dict(os.environ, DS_ENV_FILE=str(env_file), PYTHONUNBUFFERED="1")
@@ -275,7 +275,7 @@ def _ports() -> dict:
     """Free ports; the trajectory port's successor (rank 1's) free as well."""
     (ssh,), run = free_ports(1), run_ports()
     return {"ssh": ssh, "control": run["transport.control_port"], "weights": run["transport.weights_port"],
-            "trajectory": run["transport.segment_port"], "master": run["launch.master_port"]}
+            "segment": run["transport.segment_port"], "master": run["launch.master_port"]}
 
 
 def _asyncvla(*args: str) -> list[str]:
