@@ -193,7 +193,7 @@ def _policy_outputs(engine, batch: Batch, cfg: Config, device, finals: bool = Tr
         values.append(out.values.float())
     logp, values = torch.cat(logp), torch.cat(values)
     return (logp[: T * N].reshape(T, N, logp.shape[-1]), values[: (T + 1) * N].reshape(T + 1, N),
-            values[(T + 1) * N:][: len(batch.final_index) if finals else 0])
+            values[(T + 1) * N:][: len(batch.final_index)])     # (none without `finals`)
 
 
 def _step_rewards(batch: Batch, cfg: Config, device) -> torch.Tensor:

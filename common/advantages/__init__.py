@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 class TargetInputs(NamedTuple):
     """What the learner knows of a batch before the PPO epochs, per policy step ([T, N] unless said).
     behavior_logp, target_logp: log μ and log π_θ of the steps taken, [T, N] or [T, N, M];
-    rewards, discounts: after the truncation bootstraps (common/advantages/rewards.py); values
+    rewards, discounts: after the truncation bootstraps (learner/rewards.py); values
     [T + 1, N]: the critic's V on every observation and the one after the segment (None without a
     critic); arrays: the segment arrays the actors sent (an actor-side estimator's fields)."""
     behavior_logp: "torch.Tensor"
@@ -114,11 +114,11 @@ def make_estimator(alg) -> Estimator:
     return ESTIMATORS[alg.adv_type](alg)
 
 
-def step_log_ratio(behavior_logp: "torch.Tensor", target_logp: "torch.Tensor", steps_dims: int = 2) -> "torch.Tensor":
+def step_log_ratio(behavior_logp: "torch.Tensor", target_logp: "torch.Tensor") -> "torch.Tensor":
     """log π/μ of each policy step [T, N]: the sum over its M parts when the log-probs are [T, N, M]
     (the step's probability is the product of its parts')."""
     log_rhos = target_logp.detach() - behavior_logp.detach()
-    return log_rhos.sum(-1) if log_rhos.dim() == steps_dims + 1 else log_rhos
+    return log_rhos.sum(-1) if log_rhos.dim() == 3 else log_rhos
 
 
 # The estimators, each registering itself (after the base above, which they import).

@@ -29,7 +29,7 @@ class GAE(Estimator):
     def targets(self, x: TargetInputs) -> Targets:
         import torch
         adv = gae(x.rewards, x.values[:-1], x.values[-1], x.discounts, self.alg.gae_lambda)
-        rhos = step_log_ratio(x.behavior_logp, x.target_logp, adv.dim()).exp()
+        rhos = step_log_ratio(x.behavior_logp, x.target_logp).exp()
         return Targets(advantages=adv, value_targets=adv + x.values[:-1].detach(), rhos=rhos,
                        mask=torch.ones_like(adv), stats={})
 

@@ -75,7 +75,7 @@ class GRPO(Estimator):
         device = x.behavior_logp.device
         mask = torch.from_numpy(x.arrays["advantage_mask"]).to(device).float()
         return Targets(advantages=torch.from_numpy(x.arrays["advantage"]).to(device).float(), value_targets=None,
-                       rhos=step_log_ratio(x.behavior_logp, x.target_logp, mask.dim()).exp(), mask=mask,
+                       rhos=step_log_ratio(x.behavior_logp, x.target_logp).exp(), mask=mask,
                        stats={"rollout/group_steps_kept": float(mask.mean())})
 
 

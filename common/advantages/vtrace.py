@@ -61,7 +61,7 @@ def vtrace(behavior_logp: torch.Tensor, target_logp: torch.Tensor, rewards: torc
     import torch
     _check_vtrace_inputs(behavior_logp, target_logp, rewards, values, bootstrap_value, discounts,
                          rho_bar, c_bar, lam)
-    log_rhos = step_log_ratio(behavior_logp, target_logp, values.dim())
+    log_rhos = step_log_ratio(behavior_logp, target_logp)
     values, bootstrap_value = values.detach(), bootstrap_value.detach()
     rewards, discounts = rewards.detach(), discounts.detach()
 

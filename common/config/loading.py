@@ -25,7 +25,7 @@ RENAMED_KEYS = {"env.replay_failed_starts": "env.retry_failed_starts",     # (0.
                 "transport.trajectory_port": "transport.segment_port"}     #  and of "trajectory")
 
 
-def drop_retired(src, where: str = "config"):
+def upgrade_old_keys(src, where: str = "config"):
     """`src` (a mapping of sections) without the retired keys, and with the renamed ones under their
     new names (one warning line each; both names set is an error)."""
     def section(key):
@@ -57,13 +57,13 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
         if not os.path.isfile(path):
             raise ConfigError(f"config file '{path}' does not exist")
         try:
-            sources.append((str(path), drop_retired(OmegaConf.load(path), f"config file '{path}'")))
+            sources.append((str(path), upgrade_old_keys(OmegaConf.load(path), f"config file '{path}'")))
         except Exception as e:  # YAML syntax errors
             raise ConfigError(f"config file '{path}' is not valid YAML: {_yaml_problem(e)}") from None
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value (e.g. actor.num_envs=4)")
-        sources.append((f"override '{item}'", drop_retired(OmegaConf.from_dotlist([item]), f"override '{item}'")))
+        sources.append((f"override '{item}'", upgrade_old_keys(OmegaConf.from_dotlist([item]), f"override '{item}'")))
     for where, src in sources:
         if not isinstance(src, DictConfig):
             raise ConfigError(f"{where}: expected a mapping of sections, got {type(src).__name__}")
@@ -130,7 +130,7 @@ def to_dict(config: Config) -> dict:
 def from_dict(data: dict) -> Config:
     """Inverse of `to_dict`, validated (used by actors that receive their config from the learner)."""
     try:
-        cfg = OmegaConf.merge(OmegaConf.structured(Config), drop_retired(OmegaConf.create(data), "received config"))
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), upgrade_old_keys(OmegaConf.create(data), "received config"))
     except OmegaConfBaseException as e:
         raise ConfigError(explain(e, "received config")) from None
     config: Config = OmegaConf.to_object(cfg)  # type: ignore[assignment]

@@ -370,13 +370,12 @@ class SmolVLAPolicy(nn.Module):
         cache, pad, hidden = self.net.prefix([pixels], [present], ids, mask, state)
         critic_image = None
         if self.value_head.encoder is not None:
-            x = image if value_image is None else value_image
-            critic_image = (x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))).to(self.device)
+            critic_image = _tensor(image if value_image is None else value_image).to(self.device)
         return cache, pad, self.value_head(hidden.float(), critic_image)
 
     def _inputs(self, image, ids, mask, state):
         size = self.cfg.image_size
-        image = torch.as_tensor(np.asarray(image) if not isinstance(image, torch.Tensor) else image)
+        image = _tensor(image)
         if image.dtype != torch.uint8 or image.ndim != 4 or tuple(image.shape[1:]) != (size, size, 3):
             raise ValueError(f"image must be uint8 [B, {size}, {size}, 3] (policy.image_size={size}); got "
                              f"{str(image.dtype).replace('torch.', '')} {list(image.shape)}")
@@ -384,8 +383,8 @@ class SmolVLAPolicy(nn.Module):
         if self.spec.resize_imgs_with_padding is not None:
             x = resize_with_pad(x, *self.spec.resize_imgs_with_padding)
         pixels = (x * 2.0 - 1.0).to(self.net.state_proj.weight.dtype)
-        ids = torch.as_tensor(np.asarray(ids) if not isinstance(ids, torch.Tensor) else ids).to(self.device, torch.long)
-        mask = torch.as_tensor(np.asarray(mask) if not isinstance(mask, torch.Tensor) else mask).to(self.device).bool()
+        ids = _tensor(ids).to(self.device, torch.long)
+        mask = _tensor(mask).to(self.device).bool()
         if self.spec.state_dim and state is None:
             raise ValueError(f"this policy reads a proprio state (policy.state_dim={self.spec.state_dim}); got none")
         if not self.spec.state_dim:
@@ -412,3 +411,8 @@ class SmolVLAPolicy(nn.Module):
 
 def _same_file(a: Path, b: Path) -> bool:
     return b.exists() and a.resolve() == b.resolve()
+
+
+def _tensor(x) -> torch.Tensor:
+    """A tensor as is; an array (or list) as a tensor sharing its memory where it can."""
+    return x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
