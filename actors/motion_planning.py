@@ -3,8 +3,9 @@
     episodes, stats = collect_motion_planning(cfg, num_episodes=50, work_dir=RUN/demos/raw)
 
 1. plan      `num_procs` worker processes run the task's solution (mani_skill.examples.motionplanning,
-             with mplib) from seed after seed in pd_joint_pos, recording the successful episodes
-             with ManiSkill's RecordEpisode; a progress bar counts them.
+             with mplib) in pd_joint_pos, worker w's k-th plan from episode_seed(seed, w, k) as
+             collection's env starts are seeded (actors/envs/starts.py), recording the successful
+             episodes with ManiSkill's RecordEpisode; a progress bar counts them.
 2. convert   ManiSkill's own replay tool (python -m mani_skill.trajectory.replay_trajectory) turns
              them into env.control_mode (pd_ee_delta_pose) with RGB observations, replaying every
              converted episode and saving only those that still reach success.
@@ -30,6 +31,7 @@ import numpy as np
 
 from asyncvla.actors.envs.base import resize_images
 from asyncvla.actors.envs.instructions import instruction_for
+from asyncvla.actors.envs.starts import episode_seed
 from asyncvla.common.data.demos import DemoEpisode, read_states
 
 PLAN_CONTROL_MODE = "pd_joint_pos"       # what ManiSkill's solutions command
@@ -69,8 +71,8 @@ def _plan(env_id: str, n: int, work: Path, seed: int, num_procs: int, progress) 
     """Successful plans into work/plans.h5 (+ .json), at least n of them; returns (file, attempts)."""
     ctx = mp.get_context("forkserver")
     results, stop = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_plan_worker, args=(env_id, work / f"plans.{i}", seed + i, num_procs,
-                                                    results, stop), daemon=True) for i in range(num_procs)]
+    procs = [ctx.Process(target=_plan_worker, args=(env_id, work / f"plans.{i}", seed, i, results, stop),
+                         daemon=True) for i in range(num_procs)]
     for p in procs:
         p.start()
     solved = attempted = 0
@@ -111,7 +113,7 @@ def _plan(env_id: str, n: int, work: Path, seed: int, num_procs: int, progress) 
     return out, attempted
 
 
-def _plan_worker(env_id: str, prefix: Path, first_seed: int, stride: int, results, stop) -> None:
+def _plan_worker(env_id: str, prefix: Path, seed: int, worker: int, results, stop) -> None:
     import traceback
     try:
         import gymnasium as gym
@@ -124,16 +126,16 @@ def _plan_worker(env_id: str, prefix: Path, first_seed: int, stride: int, result
         env = RecordEpisode(env, output_dir=str(prefix.parent), trajectory_name=prefix.name, save_video=False,
                             source_type="motionplanning", record_reward=False, save_on_reset=False,
                             source_desc="ManiSkill's motion-planning solution")
-        s = first_seed
+        k = 0
         while not stop.is_set():
             try:
-                res = solve(env, seed=s)
+                res = solve(env, seed=episode_seed(seed, worker, k))
                 ok = res != -1 and bool(res[-1]["success"].item())
             except Exception:                  # the planner found no path from this state
                 ok = False
             env.flush_trajectory(save=ok)
             results.put(ok)
-            s += stride
+            k += 1
         env.close()
     except Exception:
         results.put(traceback.format_exc())

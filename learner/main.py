@@ -146,7 +146,7 @@ def _resume_point(cfg: Config):
 def _build_engine(cfg: Config, run_dir: Path, cols_per_rank: int, device):
     """The policy (built once by rank 0 into RUN/policy_init, loaded by every rank) in its engine."""
     # The same seed on every rank gives the same initial weights before ZeRO-3 partitions them.
-    torch.manual_seed(cfg.actor.seed)
+    torch.manual_seed(cfg.learner.seed)
     policy_dir = run_dir / "policy_init"
     if dist.get_rank() == 0 and not (policy_dir / "policy.json").exists():
         build_policy(cfg.policy).save_pretrained(policy_dir)

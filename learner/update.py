@@ -51,7 +51,7 @@ def update(engine, batch: Batch, cfg: Config, device: torch.device, step: int = 
     poisoned = np.flatnonzero(~targets["finite_columns"].cpu().numpy())
     if len(poisoned):
         drop_columns(batch, targets, poisoned)
-    stats = ppo_epochs(engine, batch, targets, cfg, device, seed=cfg.actor.seed * 1_000_003 + step,
+    stats = ppo_epochs(engine, batch, targets, cfg, device, seed=cfg.learner.seed * 1_000_003 + step,
                        guard=guard, update_number=step + 1)
     stats.update(targets["stats"])
     stats["poisoned_columns"] = float(len(poisoned))

@@ -304,7 +304,7 @@ def phase_policy(out: Path, rank: int, world: int) -> dict:
 
     cfg = load_config(None, POLICY_OVERRIDES)
     run_dir = out / "run"
-    torch.manual_seed(cfg.actor.seed)
+    torch.manual_seed(cfg.learner.seed)
     if rank == 0:
         VLAPolicy.build(cfg.policy).save_pretrained(str(run_dir / "policy_init"))
     dist.barrier()
@@ -409,7 +409,7 @@ def policy_engine(cfg, out: Path, rank: int):
     """(an un-sharded copy of the policy, the policy in a ZeRO-3 engine): built once by rank 0 into
     out/policy_init and loaded by every rank, as the learner does."""
     from asyncvla.common.policy import VLAPolicy
-    torch.manual_seed(cfg.actor.seed)
+    torch.manual_seed(cfg.learner.seed)
     if rank == 0:
         VLAPolicy.build(cfg.policy).save_pretrained(str(out / "policy_init"))
     dist.barrier()

@@ -22,6 +22,9 @@ class LearnerConfig:
                                        "measured over (whole updates: at least this many)", ge=1)
     batch_trajectories: int = opt(8, "env trajectories of rollout_length steps in one update, across "
                                   "all ranks (a segment from an actor with B envs holds B of them)", ge=1)
+    seed: int = opt(0, "seed of the learner's own randomness, the same on every rank: the initial weights "
+                    "it draws beyond policy.init_seed, the minibatch order and the flow head's training noise "
+                    "(actor.seed seeds the actors' sampling)", ge=0)
     micro_batch_size: int = opt(32, "samples (time steps x envs) per forward/backward on one rank", ge=1)
     lr: float = opt(1e-4, "learning rate of the policy (LoRA) parameters", gt=0.0)
     value_lr: float = opt(1e-3, "learning rate of the value head", gt=0.0)

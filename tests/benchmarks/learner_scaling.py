@@ -70,7 +70,7 @@ def build_learner(cfg, world: int, rank: int):
     from asyncvla.common.policy import VLAPolicy
     from asyncvla.learner import engine as ds_engine
 
-    torch.manual_seed(cfg.actor.seed)
+    torch.manual_seed(cfg.learner.seed)
     policy = VLAPolicy.build(cfg.policy)
     batch = workload.make_batch(cfg, policy, cfg.learner.batch_trajectories // world, seed=rank)
     ds_engine.init_distributed(cfg)

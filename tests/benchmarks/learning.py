@@ -3,7 +3,7 @@
 What users buy is reaching a success rate sooner, so this is the product's headline benchmark.
 From ONE warm start per kind of action head (the task's demos + SFT, made once with `asyncvla
 collect` and `asyncvla sft` and cached under OUT/learning/), each arm runs `asyncvla train CONFIG
-policy.pretrained_path=SFT` once per seed (env.seed and actor.seed).
+policy.pretrained_path=SFT` once per seed (env.seed, actor.seed and learner.seed).
 Three tasks (--task):
     pixel      configs/pixel_task.yaml, either cost profile below (the default). Runs end by
                progress: once the episodes the learner trained on succeed 5 points above the
@@ -258,7 +258,7 @@ def run(quick: bool = False, out_dir: Path = OUT_DIR, profile: str | None = None
         for arm in arms:
             name = run_name(t, profile, arm, seed)
             args = [*ARMS[arm], *t.run_args, *stop[arm], f"env.seed={seed}", f"actor.seed={seed}",
-                    f"env.sim_latency_ms={latency_ms:.3f}"]
+                    f"learner.seed={seed}", f"env.sim_latency_ms={latency_ms:.3f}"]
             settings = _settings(t.config, *args, warm_start=_settings(t.config, *warm_start_args(t, arm)),
                                  method=RUN_METHOD)
             if _made_with(work, name, settings):

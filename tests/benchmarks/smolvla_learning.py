@@ -7,7 +7,7 @@ Per task (--task pixel: configs/pixel_task.yaml; pushcube: configs/smolvla.yaml)
                  (a tiny random-init SmolVLM as its backbone, trained along: 16 image tokens, the
                  patch positions asyncvla's fixed sine-cosine pattern), saved as LeRobot
                  saves a policy: the "user's own VLA"
-    3. RL        `asyncvla train CONFIG policy.pretrained_path=THAT_DIR` (env.seed and actor.seed
+    3. RL        `asyncvla train CONFIG policy.pretrained_path=THAT_DIR` (env.seed, actor.seed and learner.seed
                  the seed), a checkpoint every --save-interval updates, no evaluator beside it
     4. measured  after training (so that evaluation never competes with it for cores), on the same
                  fixed initial states (seed 0), sampled as the actors sample, 95 % Wilson intervals:
@@ -81,7 +81,7 @@ def run(task: str, seeds: list[int], out: Path, episodes: int, save_interval: in
         if not (run_dir / "rl_done.json").exists():
             shutil.rmtree(run_dir, ignore_errors=True)
             _run(cli + ["train", t["config"], *t["rl"], *rl_overrides, f"policy.pretrained_path={lerobot_dir / 'policy'}",
-                        f"env.seed={seed}", f"actor.seed={seed}", f"logging.output_dir={runs}",
+                        f"env.seed={seed}", f"actor.seed={seed}", f"learner.seed={seed}", f"logging.output_dir={runs}",
                         f"logging.experiment_name=rl_seed{seed}", "logging.progress=false", "eval.eval_interval=0",
                         f"checkpoint.save_interval={save_interval}", "checkpoint.keep_last=1000",
                         *run_port_overrides()], log=runs / f"rl_seed{seed}.log")
