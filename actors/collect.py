@@ -22,6 +22,7 @@ import numpy as np
 
 from asyncvla.actors.envs import PIXEL_REACH_ID, make_env
 from asyncvla.actors.envs.starts import episode_seed
+from asyncvla.actors.envs.tasks import deal, tasks_of
 from asyncvla.actors.envs.pixel_task import scripted_actions
 from asyncvla.actors.experts import expert_for
 from asyncvla.common.data.demos import DemoEpisode, camera_settings
@@ -34,7 +35,8 @@ def demonstrator_for(env_cfg) -> Demonstrator:
     """The env's demonstrator, or a ValueError naming the keys and what is allowed."""
     if env_cfg.id == PIXEL_REACH_ID:
         return lambda env, action_dim: scripted_actions(env, 1, action_dim)
-    expert_for(env_cfg.id, env_cfg.control_mode)          # (checked here, before any env starts)
+    for env_id in [t.id for t in env_cfg.tasks] or [env_cfg.id]:   # (checked here, before any env starts)
+        expert_for(env_id, env_cfg.control_mode)
     return lambda env, action_dim: env.expert_actions()[:, None]
 
 
@@ -51,21 +53,26 @@ def collect_demos(cfg, num_episodes: int, action_noise: float, seed: int, num_en
     # A demonstration ends where the expert succeeds, whatever RL's env.ignore_terminations says:
     # past it the expert has nothing to show, and the demo would run to the time limit.
     env_cfg = dataclasses.replace(cfg.env, auto_reset=False, ignore_terminations=False)
-    num_envs = max(1, min(num_envs, num_episodes))
+    tasks = tasks_of(cfg.env)
+    # Several tasks (env.tasks): an env for each at least, and each task's share of the episodes.
+    num_envs = max(len(tasks), min(num_envs, num_episodes))
+    quota = np.bincount(deal(tasks, 0, num_episodes), minlength=len(tasks))
     env = make_env(env_cfg, num_envs, cfg.policy.image_size, 1, "action_level", seed, action_dim=D, purpose="collect")
     rng = np.random.default_rng(seed)
     kept, attempted, solved, round_ = [], 0, 0, 0
     try:
         while len(kept) < num_episodes:
             if attempted >= 4 * num_episodes:
-                raise ValueError(f"only {solved} of {attempted} demonstrations of {cfg.env.id} succeeded "
+                raise ValueError(f"only {solved} of {attempted} demonstrations of "
+                                 f"{', '.join(t.id for t in tasks)} succeeded "
                                  f"(collect.action_noise={action_noise}); lower the noise")
             reset_seed = seed * 100_003 + round_
             episodes = _run_round(env, demonstrate, D, action_noise, rng, reset_seed)
             round_ += 1
             attempted += len(episodes)
-            for ep in episodes:
-                if ep.success[-1] and len(kept) < num_episodes:
+            for ep, task in zip(episodes, env.env_tasks):
+                if ep.success[-1] and quota[task] > 0:
+                    quota[task] -= 1
                     solved += 1
                     ep.episode_id = len(kept)
                     kept.append(ep)

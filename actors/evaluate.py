@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from asyncvla.actors.envs import make_env
+from asyncvla.actors.envs.tasks import instructions_in, one_task, tasks_of
 from asyncvla.actors.rollout import InstructionCache
 from asyncvla.common.config import EvalConfig
 from asyncvla.common.trackers import Trackers
@@ -36,12 +37,38 @@ MACRO_BLOCK = 16                # H.264 wants frame sides in multiples of 16
 
 
 def evaluate_policy(policy, env_cfg, policy_cfg, episodes: int, greedy: bool = True, seed: int = 0,
-                    video_dir=None, num_envs: int | None = None) -> dict:
-    """Run `episodes` episodes of `env_cfg.id` and return the summary (see `summarize`), with one
-    record per episode under "episodes" and, with `video_dir`, one mp4 per episode written there."""
+                    video_dir=None, num_envs: int | None = None, instruction_set: str = "train") -> dict:
+    """Run `episodes` episodes of each task of `env_cfg` (env.tasks, or env.id) and return the
+    summary (see `summarize`; several tasks: pooled over them, the same number each, and each
+    task's under "tasks"), with one record per episode under "episodes" and, with `video_dir`, one
+    mp4 per episode written there. `instruction_set` (tasks.INSTRUCTION_SETS): what each task's
+    envs tell the policy: its training sentence, its held-out phrasing (eval), or the next task's
+    training sentence (swapped: a policy that reads the instruction should then fail)."""
     if episodes < 1:
         raise ValueError(f"episodes={episodes} must be >= 1")
     t0 = time.perf_counter()
+    tasks = tasks_of(env_cfg)
+    records, per_task = [], {}
+    for task, text in zip(tasks, instructions_in(tasks, instruction_set)):
+        task_videos = None if video_dir is None else Path(video_dir) / (task.id if len(tasks) > 1 else "")
+        found = _evaluate_task(policy, one_task(env_cfg, task, text), policy_cfg, episodes, greedy, seed,
+                               task_videos, num_envs, first_episode=len(records))
+        for rec in found:
+            rec["task"] = task.id
+        per_task[task.id] = summarize(found)
+        records += found
+    summary = summarize(records)
+    if len(tasks) > 1:
+        summary["tasks"] = per_task
+    summary.update(env_id=",".join(per_task), instruction_set=instruction_set, greedy=greedy,
+                   temperature=policy.temperature, seed=seed, num_envs=min(episodes, num_envs or DEFAULT_NUM_ENVS),
+                   eval_s=round(time.perf_counter() - t0, 3), episodes=records)
+    return summary
+
+
+def _evaluate_task(policy, env_cfg, policy_cfg, episodes: int, greedy: bool, seed: int, video_dir,
+                   num_envs: int | None, first_episode: int) -> list[dict]:
+    """The records of `episodes` episodes of the one task of `env_cfg`."""
     num_envs = min(episodes, num_envs or DEFAULT_NUM_ENVS)
     # Episodes end at success even where training ignores terminations: success counts at any
     # step either way, and ending there skips the rest of the episode.
@@ -61,13 +88,10 @@ def evaluate_policy(policy, env_cfg, policy_cfg, episodes: int, greedy: bool = T
         for r in range(math.ceil(episodes / num_envs)):
             wanted = min(num_envs, episodes - len(records))
             records += _run_round(env, policy, tokenize, round_seed(seed, r), wanted, (K, D), greedy,
-                                  generator, video_dir, first_episode=len(records))
+                                  generator, video_dir, first_episode=first_episode + len(records))
     finally:
         env.close()
-    summary = summarize(records)
-    summary.update(env_id=env_cfg.id, greedy=greedy, temperature=policy.temperature, seed=seed, num_envs=num_envs,
-                   eval_s=round(time.perf_counter() - t0, 3), episodes=records)
-    return summary
+    return records
 
 
 def _run_round(env, policy, tokenize, reset_seed, wanted, chunk_shape, greedy, generator, video_dir,
@@ -154,10 +178,14 @@ def format_summary(s: dict) -> str:
         return "[n/a]" if lo_hi is None else f"[{lo_hi[0]:{fmt}}, {lo_hi[1]:{fmt}}]"
     mode = "greedy" if s["greedy"] else f"sampled at temperature {s['temperature']:g}" if "temperature" in s \
         else "sampled"
+    words = "" if s.get("instruction_set", "train") == "train" else f", {s['instruction_set']} instructions"
+    tasks = [f"  {name:24s}  {t['success_rate']:.3f}  95% CI {ci(t['success_ci95'], '.3f')}  "
+             f"({t['num_episodes']} episodes)" for name, t in s.get("tasks", {}).items()]
     return "\n".join([
-        f"{s['env_id']}: {s['num_episodes']} episodes ({mode} actions, seed {s['seed']}, "
-        f"{s['eval_s']:.1f} s)",
-        f"  success rate  {s['success_rate']:.3f}  95% CI {ci(s['success_ci95'], '.3f')} (Wilson)",
+        f"{s['env_id']}: {s['num_episodes']} episodes ({mode} actions{words}, seed {s['seed']}, "
+        f"{s['eval_s']:.1f} s)", *tasks,
+        f"  success rate  {s['success_rate']:.3f}  95% CI {ci(s['success_ci95'], '.3f')} (Wilson"
+        + (", the tasks pooled: their mean)" if tasks else ")"),
         f"  return        {s['return_mean']:.3f}  95% CI {ci(s['return_ci95'], '.3f')}",
         f"  length        {s['length_mean']:.1f}  95% CI {ci(s['length_ci95'], '.1f')} env steps"])
 
@@ -234,7 +262,8 @@ def one_torch_thread():
 def periodic_eval(policy, cfg, step: int, run_dir, writer=None) -> dict:
     """Evaluate `policy` (a plain, un-partitioned copy, e.g. one holding the published weights) as
     `cfg.eval` says; write run_dir/eval/step_N/summary.json (+ videos with eval.save_video) and log
-    eval/success_rate, eval/return, eval/length at `step` to `writer` if given (common/trackers.py,
+    eval/success_rate (with env.tasks also eval/success_rate/<task>), eval/return, eval/length at
+    `step` to `writer` if given (common/trackers.py,
     or a tensorboard SummaryWriter), and the first episode's video to the backends that take
     videos."""
     out_dir = Path(run_dir) / "eval" / f"step_{step:08d}"
@@ -248,7 +277,9 @@ def periodic_eval(policy, cfg, step: int, run_dir, writer=None) -> dict:
         for tag, key in (("eval/success_rate", "success_rate"), ("eval/return", "return_mean"),
                          ("eval/length", "length_mean")):
             writer.add_scalar(tag, summary[key], step)
-        videos = sorted(out_dir.glob("*.mp4"))
+        for name, task in summary.get("tasks", {}).items():        # env.tasks: each task's
+            writer.add_scalar(f"eval/success_rate/{name}", task["success_rate"], step)
+        videos = sorted(out_dir.rglob("*.mp4"))
         if videos and isinstance(writer, Trackers):
             writer.add_video("eval/video", videos[0], step)
         writer.flush()

@@ -46,6 +46,24 @@ def push_cube_action(tcp, cube, goal, half: float = 0.02) -> np.ndarray:
     return np.append(move, GRIPPER_CLOSED).astype(np.float32)
 
 
+def pull_cube_action(tcp, cube, goal, half: float = 0.02) -> np.ndarray:
+    """PullCube in pd_ee_delta_pos: push_cube_action mirrored. Over to a spot 5 cm in front of the
+    cube (+x side, away from the robot) at 6 cm height, down to the cube's mid-height, then draw
+    it back (-x) past the goal while holding y on the cube's y; the hand stays closed."""
+    tcp, cube, goal = (np.asarray(v, np.float64).reshape(3) for v in (tcp, cube, goal))
+    front = np.array([cube[0] + half + 0.05, cube[1], half])
+    low = tcp[2] < half + 0.015
+    before_cube = abs(tcp[1] - cube[1]) < 0.015 and tcp[0] > cube[0] + half + 0.005
+    if low and before_cube:                                      # pull
+        target = np.array([goal[0] - 0.02, cube[1], half])
+    elif np.linalg.norm(tcp[:2] - front[:2]) < 0.015:           # above the spot: go down
+        target = front
+    else:                                                        # over to the spot, high
+        target = np.array([front[0], front[1], 0.06])
+    move = np.clip((target - tcp) / EE_STEP_M, -1.0, 1.0)
+    return np.append(move, GRIPPER_CLOSED).astype(np.float32)
+
+
 def pick_cube_action(tcp, cube, goal, grasped: bool, finger_gap: float, half: float = 0.02) -> np.ndarray:
     """PickCube in pd_ee_delta_pos: hand open, over the cube at 5 cm above it, down to its centre,
     close; once it holds the cube, carry it to the goal (the gripper stays closed). A hand that
@@ -82,8 +100,15 @@ def _push_cube(base) -> np.ndarray:
     return push_cube_action(p(base.agent.tcp), p(base.obj), p(base.goal_region), float(base.cube_half_size))
 
 
+def _pull_cube(base) -> np.ndarray:
+    def p(actor):
+        return actor.pose.p[0].detach().cpu().numpy()
+    return pull_cube_action(p(base.agent.tcp), p(base.obj), p(base.goal_region), float(base.cube_half_size))
+
+
 EXPERTS: dict[str, Expert] = {
     "PushCube-v1": Expert("pd_ee_delta_pos", _push_cube),
+    "PullCube-v1": Expert("pd_ee_delta_pos", _pull_cube),
     "PickCube-v1": Expert("pd_ee_delta_pos", _pick_cube),
 }
 

@@ -23,6 +23,7 @@ import torch
 from asyncvla.actors import rollout
 from asyncvla.actors.envs import make_env
 from asyncvla.actors.envs.latency import SimLatency
+from asyncvla.actors.envs.tasks import tasks_of
 from asyncvla.actors.join import join
 from asyncvla.common import placement, transport
 from asyncvla.common.advantages import make_estimator
@@ -93,18 +94,23 @@ class Actor:
         self.outbox = estimator.make_outbox()    # GRPO: segments wait for their groups' returns
         self.env = make_env(cfg.env, cfg.actor.num_envs, cfg.policy.image_size, cfg.policy.num_action_chunks,
                             cfg.algorithm.reward_type, seed=seed, action_dim=cfg.policy.action_dim,
-                            group_size=estimator.episodes_per_start)
+                            group_size=estimator.episodes_per_start, first_env=actor_index * cfg.actor.num_envs)
         if cfg.env.sim_latency_ms > 0:
             self.env = SimLatency(self.env, cfg.env.sim_latency_ms)
         self.generator = torch.Generator(device=cfg.actor.device).manual_seed(cfg.actor.seed + seed)
         self.tokenize = rollout.InstructionCache(self.policy)
         self._take_plan(welcome["rollout"])
         log.info("actor %s: %d envs of %s, policy on %s; %d segments per version, at most %d in flight",
-                 actor_id, self.env.num_envs, printable(cfg.env.id), printable(cfg.actor.device),
+                 actor_id, self.env.num_envs, printable(", ".join(self._task_names())), printable(cfg.actor.device),
                  self.per_version, self.in_flight)
         self.version, self.state, self.seq, self.sent_at_version = -1, rollout.start(self.env), 0, 0
         self.incarnation = int.from_bytes(os.urandom(7), "little")     # seqs restart with a restarted actor
         self.restarts = self.client.restarts
+
+    def _task_names(self) -> list[str]:
+        """The tasks this actor's envs run, each once (env.tasks: tasks.deal decides)."""
+        tasks = tasks_of(self.cfg.env)
+        return list(dict.fromkeys(tasks[t].id for t in self.env.env_tasks))
 
     def _take_plan(self, plan: dict) -> None:
         """The learner's plan for this actor (learner/ingest.py rollout_plan): its share of an update,

@@ -32,7 +32,7 @@ import numpy as np
 from asyncvla.actors.envs.base import resize_images
 from asyncvla.actors.envs.instructions import instruction_for
 from asyncvla.actors.envs.starts import episode_seed
-from asyncvla.common.data.demos import DemoEpisode, read_states
+from asyncvla.common.data.demos import DemoEpisode, pick_state, read_states
 
 PLAN_CONTROL_MODE = "pd_joint_pos"       # what ManiSkill's solutions command
 
@@ -141,6 +141,14 @@ def _plan_worker(env_id: str, prefix: Path, seed: int, worker: int, results, sto
         results.put(traceback.format_exc())
 
 
+def _states(g, env_cfg) -> dict:
+    """The recorded state of one episode: every leaf, or (env.state_keys) the policy's layout of them."""
+    states = read_states(g)
+    if not env_cfg.state_keys:
+        return states
+    return {"agent/state": pick_state(states, tuple(env_cfg.state_keys.items()), env_cfg.id)}
+
+
 # ------------------------------------------------------------------------------------ convert
 def _convert(cfg, planned: Path, num_procs: int) -> Path:
     """ManiSkill's replay tool: env.control_mode, RGB, rewards of env.reward_mode; only episodes
@@ -179,6 +187,6 @@ def read_converted(h5_path: Path, cfg) -> list[DemoEpisode]:
                 actions=np.asarray(g["actions"][()], np.float32),
                 rewards=np.asarray(g["rewards"][()], np.float32) if "rewards" in g else None,
                 success=success, instruction=instruction, seed=rec.get("episode_seed"),
-                episode_id=len(episodes), states=read_states(g)))
+                episode_id=len(episodes), states=_states(g, cfg.env)))
     return episodes
 

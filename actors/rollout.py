@@ -82,7 +82,7 @@ def collect_segment(env, policy, tokenize: InstructionCache, state: RolloutState
         if k in arrays:
             rows = [r[k] for r in finals["rows"]]
             arrays[final_field(k)] = np.stack(rows) if rows else np.zeros((0, *arrays[k].shape[2:]))
-    for k in ("return", "length", "success"):
+    for k in ("return", "length", "success", "task"):
         arrays[f"ep_{k}"] = np.asarray([e[k] for e in episodes])
     arrays = {k: v.astype(fields[k].dtype, copy=False) for k, v in arrays.items()}
     retried = [e for e in episodes if e.get("retried")]

@@ -75,6 +75,7 @@ def collect(cfg, out_dir, fmt: str = "maniskill", fps: int = LEROBOT_FPS) -> dic
 
     from asyncvla.actors.collect import collect_demos, env_info
     from asyncvla.actors.envs import PIXEL_REACH_ID
+    from asyncvla.actors.envs.tasks import tasks_of
     from asyncvla.common.data.demos import camera_settings, write_demos
 
     c = cfg.collect
@@ -82,6 +83,9 @@ def collect(cfg, out_dir, fmt: str = "maniskill", fps: int = LEROBOT_FPS) -> dic
     if method == "motion_planning" and cfg.env.id == PIXEL_REACH_ID:
         raise ValueError(f"collect.method=motion_planning is for ManiSkill tasks; {PIXEL_REACH_ID} has a "
                          "scripted oracle: collect.method=scripted")
+    if method == "motion_planning" and len(cfg.env.tasks) > 1:
+        raise ValueError(f"collect.method=motion_planning plans one task; env.tasks has {len(cfg.env.tasks)}: "
+                         "use collect.method=scripted, or collect each task alone (env.tasks=[] env.id=TASK)")
     if method == "motion_planning" and cfg.env.robot_visual != "mesh":
         raise ValueError(f"env.robot_visual={cfg.env.robot_visual!r}: collect.method=motion_planning renders "
                          "its demos with ManiSkill's replay tool, which draws the robot's visual meshes; "
@@ -99,7 +103,8 @@ def collect(cfg, out_dir, fmt: str = "maniskill", fps: int = LEROBOT_FPS) -> dic
         with tqdm(total=c.num_episodes, desc="collect", unit="episode", dynamic_ncols=True) as bar:
             episodes, stats = collect_demos(cfg, c.num_episodes, c.action_noise, c.seed, num_envs,
                                             progress=bar.update)
-        source = ("scripted", f"scripted demonstrator of {cfg.env.id} in {cfg.env.control_mode}, "
+        source = ("scripted", f"scripted demonstrator of {', '.join(t.id for t in tasks_of(cfg.env))} in "
+                              f"{cfg.env.control_mode}, "
                               f"action_noise={c.action_noise}")
     else:
         from asyncvla.actors.motion_planning import check_task, collect_motion_planning

@@ -20,8 +20,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a checkpoint or an exported policy (success rate, videos)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", metavar="CHECKPOINT_OR_EXPORT", help="run dir, checkpoint dir or export dir")
-    p.add_argument("--env", metavar="ID", help="env id (default: the run's env.id)")
-    p.add_argument("--episodes", type=int, help="episodes to run (default: the run's eval.num_episodes)")
+    p.add_argument("--env", metavar="ID", help="one env id (default: the run's env.id, or each of its env.tasks)")
+    p.add_argument("--episodes", type=int, help="episodes to run, of each task (default: the run's "
+                                                 "eval.num_episodes)")
     p.add_argument("--num-envs", type=int,
                    help="envs stepped together (default: the run's eval.num_envs, at most --episodes)")
     mode = p.add_mutually_exclusive_group()
@@ -33,6 +34,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, help="seed of the initial states (default: the run's env.seed)")
     p.add_argument("--weights", choices=["trained", "ema"], default="trained",
                    help="of a checkpoint: the learner's weights (default) or the published EMA ones")
+    p.add_argument("--instruction-set", choices=["train", "eval", "swapped"], default="train",
+                   help="what each task's envs tell the policy: its training sentence, its held-out "
+                        "phrasing (eval), or the next task's sentence (swapped: a control; env.tasks)")
     p.add_argument("--video", metavar="DIR", help="write one mp4 per episode here")
     p.add_argument("--out", metavar="JSON", help="write the summary here")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
@@ -62,7 +66,7 @@ def run(args) -> int:
             if not args.env:
                 raise ConfigError(f"'{args.path}' holds no config.yaml to take the env from; give --env ID")
             cfg = Config(env=EnvConfig(id=args.env))
-        env_cfg = dataclasses.replace(cfg.env, id=args.env) if args.env else cfg.env
+        env_cfg = dataclasses.replace(cfg.env, id=args.env, tasks=[]) if args.env else cfg.env
         where = source["path"] + (f" (step {source['step']}, {source['weights']} weights)"
                                   if source["kind"] == "checkpoint" else "")
         print(f"policy: {where}", flush=True)
@@ -70,7 +74,7 @@ def run(args) -> int:
             policy, env_cfg, policy.cfg, args.episodes or cfg.eval.num_episodes,
             greedy=cfg.eval.greedy if args.greedy is None else args.greedy,
             seed=cfg.env.seed if args.seed is None else args.seed, video_dir=args.video,
-            num_envs=args.num_envs or cfg.eval.num_envs)
+            num_envs=args.num_envs or cfg.eval.num_envs, instruction_set=args.instruction_set)
     except (ConfigError, OSError, ValueError) as e:
         print(f"asyncvla eval: {e}", file=sys.stderr)
         return 2

@@ -133,29 +133,45 @@ def final_summary(cfg, run_dir: Path) -> dict:
         sft = json.loads((run_dir / "sft" / "summary.json").read_text())
         last = sft["history"][-1]
         before = {"sft": {"steps": sft["steps"], "success_rate": last["success_rate"],
-                          "ci95": [last["success_ci_low"], last["success_ci_high"]]}}
+                          "ci95": [last["success_ci_low"], last["success_ci_high"]],
+                          **({"tasks": last["tasks"]} if "tasks" in last else {})}}
     else:
         loaded = evaluate(load_policy(run_dir / "policy_init"), rl_cfg.env)
-        before = {"loaded": {"path": cfg.policy.pretrained_path, "success_rate": loaded["success_rate"],
-                             "ci95": loaded["success_ci95"]}}
+        before = {"loaded": {"path": cfg.policy.pretrained_path, **_figures(loaded)}}
     summary = {
         "env_id": cfg.env.id, "episodes": episodes, "sampled": True, **before,
-        "rl": {"updates": source["step"], "success_rate": rl["success_rate"], "ci95": rl["success_ci95"]},
+        "rl": {"updates": source["step"], **_figures(rl)},
         "tensorboard": [str(run_dir / "sft" / "tb")] * ("sft" in before) + [str(run_dir / "tb")],
         "videos": _latest_videos(run_dir)}
     (run_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
     return summary
 
 
+def _figures(summary: dict) -> dict:
+    """An evaluation's success rate and interval, and with env.tasks each task's."""
+    out = {"success_rate": summary["success_rate"], "ci95": summary["success_ci95"]}
+    if "tasks" in summary:
+        out["tasks"] = {k: {"success_rate": t["success_rate"], "ci95": t["success_ci95"]}
+                        for k, t in summary["tasks"].items()}
+    return out
+
+
 def format_final(s: dict) -> str:
+    width = 26 + max([len(k) + 1 for k in s["rl"].get("tasks", {})] or [0])
+
     def line(label, r):
         lo, hi = r["ci95"]
-        return f"  {label:26s} {100 * r['success_rate']:5.1f}%  95% CI [{100 * lo:.1f}, {100 * hi:.1f}]"
-    before = (line(f"after SFT ({s['sft']['steps']} steps):", s["sft"]) if "sft" in s
-              else line("as loaded:", s["loaded"]))
+        return f"  {label:{width}s} {100 * r['success_rate']:5.1f}%  95% CI [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+    def lines(label, r):           # (env.tasks: each task's, then their mean)
+        return [line(f"{label} {k}", t) for k, t in r.get("tasks", {}).items()] + \
+            [line(label + (" mean" if "tasks" in r else ""), r)]
+    before = (lines(f"after SFT ({s['sft']['steps']} steps):", s["sft"]) if "sft" in s
+              else lines("as loaded:", s["loaded"]))
     return "\n".join([
-        f"asyncvla pipeline: {s['env_id']}, {s['episodes']} fixed episodes, actions sampled as actors sample",
-        before, line(f"after RL ({s['rl']['updates']} updates):", s["rl"]),
+        f"asyncvla pipeline: {s['env_id']}, {s['episodes']} fixed episodes"
+        + (" per task" if "tasks" in s["rl"] else "") + ", actions sampled as actors sample",
+        *before, *lines(f"after RL ({s['rl']['updates']} updates):", s["rl"]),
         f"  {tensorboard_command(s['tensorboard'])}"]
         + ([f"  videos of the evaluator's last evaluation: {s['videos']}"] if s.get("videos") else []))
 

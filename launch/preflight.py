@@ -5,7 +5,8 @@
 `asyncvla train` stops on any of them before the launcher spends ~10 s starting ranks that would
 fail inside a traceback; `asyncvla config` reports the same (ports as a note: they are free or not
 at the moment it runs), and `asyncvla pipeline` the env's before minutes of demonstrations. Only
-the ManiSkill check imports ManiSkill (and torch): it builds the task without observations, ~2 s.
+the ManiSkill check imports ManiSkill (and torch): it builds the task without observations, ~2 s
+(several tasks: each once more, with a 16 px camera, to compare their sizes).
 """
 
 from __future__ import annotations
@@ -25,13 +26,17 @@ def problems(cfg: Config, ports: bool = True) -> list[str]:
 
 
 def env_problems(cfg: Config) -> list[str]:
-    """A ManiSkill task id or camera name that the task lacks (the pixel task needs no check)."""
+    """A ManiSkill task id or camera name that a task lacks (the pixel task needs no check), and
+    tasks (env.tasks) that do not share one observation and action size."""
     from asyncvla.actors.envs.pixel_task import ENV_ID as PIXEL_REACH_ID
-    if cfg.env.id == PIXEL_REACH_ID:
+    from asyncvla.actors.envs.tasks import tasks_of
+    if cfg.env.id == PIXEL_REACH_ID and not cfg.env.tasks:
         return []
-    from asyncvla.actors.envs.maniskill import camera_problem
-    problem = camera_problem(cfg.env.id, cfg.env.camera, cfg.env.render_backend, cfg.env.robot_uids)
-    return [problem] if problem else []
+    from asyncvla.actors.envs.maniskill import camera_problem, space_problem
+    found = [camera_problem(t.id, cfg.env.camera, cfg.env.render_backend, cfg.env.robot_uids)
+             for t in tasks_of(cfg.env)]
+    found = [p for p in found if p]
+    return found or [p for p in [space_problem(cfg.env)] if p]
 
 
 def _run_dir(cfg: Config) -> list[str]:

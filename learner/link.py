@@ -44,7 +44,8 @@ class ActorLink:
         self.cfg, self.device, self.world = cfg, device, world
         self.metrics = Metrics(open_trackers(cfg, run_dir, "learner") if rank == 0 else None, cfg.learner.max_steps,
                                cfg.logging.progress, start_step=state.step, env_steps=state.env_steps,
-                               eval_dir=run_dir / "eval", success_window=cfg.learner.target_success_episodes)
+                               eval_dir=run_dir / "eval", success_window=cfg.learner.target_success_episodes,
+                               task_names=tuple(t.id for t in cfg.env.tasks))
         auth_key = _token_key(cfg)
         if cfg.transport.reuse_receive_buffers:
             keep_freed_buffers()           # before the first segment: see common/transport/allocator.py

@@ -44,6 +44,7 @@ SUMMED = ("segments", "lag_sum", "episodes", "return_sum", "length_sum", "succes
 # (every rank sees the same skipped steps and failed saves: the ranks agree on both)
 MAXED = ("lag_max", "train/actor/ratio_max", "actors_seen", "time_up", "system/nonfinite_steps",
          "system/checkpoint_failures")
+TASK_COUNTERS = ("task_episodes/", "task_success/")     # + a task's index; summed over ranks
 ACCOUNTING_DIR = "accounting"
 
 log = logging.getLogger("asyncvla.learner")
@@ -67,7 +68,8 @@ def reduce_over_ranks(values: dict[str, float], device=None) -> dict[str, float]
     out = {}
     for j, k in enumerate(keys):
         col = table[:, j]
-        out[k] = float(col.sum() if k in SUMMED else col.max() if k in MAXED else col.mean())
+        out[k] = float(col.sum() if k in SUMMED or k.startswith(TASK_COUNTERS) else col.max() if k in MAXED
+                       else col.mean())
     return out
 
 
@@ -77,8 +79,10 @@ class Metrics:
     them and the progress bar."""
 
     def __init__(self, trackers, progress_total: int, show_progress: bool, start_step: int = 0,
-                 env_steps: int = 0, eval_dir: Path | None = None, success_window: int = 128):
+                 env_steps: int = 0, eval_dir: Path | None = None, success_window: int = 128,
+                 task_names: tuple = ()):
         self.writer = trackers
+        self.task_names = tuple(task_names) if len(task_names) > 1 else ()   # (one task: env/* says it all)
         self.success_window = success_window
         self.recent: collections.deque = collections.deque()   # (episodes, successes) of the newest updates
         self.bar = None
@@ -99,6 +103,8 @@ class Metrics:
         self.counts = dict.fromkeys(("segments", "lag_sum", "lag_max", "episodes", "return_sum",
                                      "length_sum", "success_sum", "env_steps", "retried",
                                      "retried_success"), 0.0)
+        for i in range(len(self.task_names)):
+            self.counts[f"task_episodes/{i}"] = self.counts[f"task_success/{i}"] = 0.0
         self.actors: set[str] = set()       # ids seen since the last report (as many as actors)
 
     # ------------------------------------------------------------------ collected as data arrives
@@ -112,6 +118,13 @@ class Metrics:
         c["return_sum"] += float(a["ep_return"].sum(dtype=np.float64))
         c["length_sum"] += float(a["ep_length"].sum(dtype=np.float64))
         c["success_sum"] += float(a["ep_success"].sum(dtype=np.float64))
+        if self.task_names:
+            n = len(self.task_names)
+            episodes = np.bincount(a["ep_task"], minlength=n)
+            successes = np.bincount(a["ep_task"], weights=a["ep_success"].astype(np.float64), minlength=n)
+            for i in range(n):
+                c[f"task_episodes/{i}"] += float(episodes[i])
+                c[f"task_success/{i}"] += float(successes[i])
         c["env_steps"] += int(segment.meta["env_steps"])
         retried = min(int(segment.meta.get("ep_retried", 0)), len(a["ep_return"]))
         c["retried"] += retried
@@ -132,6 +145,11 @@ class Metrics:
         new_env_steps = int(total.pop("env_steps"))
         self.env_steps += new_env_steps
         out = {k: v for k, v in total.items() if k not in self.counts and not k.startswith("dropped_")}
+        for i, name in enumerate(self.task_names):        # env.tasks: each task's episodes and success
+            n_task = total[f"task_episodes/{i}"]
+            out[f"env/episodes/{name}"] = n_task
+            if n_task:
+                out[f"env/success/{name}"] = total[f"task_success/{i}"] / n_task
         out.pop("actors_seen")
         n_seg, n_ep = total["segments"], total["episodes"]
         if n_seg:

@@ -305,6 +305,9 @@ def _evaluate(engine, eval_policy, val, ids, mask, cfg: Config, micro: int, step
         summary = evaluate(eval_policy, step)
         low, high = summary["success_ci95"]
         record.update(success_rate=summary["success_rate"], success_ci_low=low, success_ci_high=high)
+        if "tasks" in summary:                 # env.tasks: each task's figure too
+            record["tasks"] = {k: {"success_rate": t["success_rate"], "ci95": t["success_ci95"]}
+                               for k, t in summary["tasks"].items()}
     return record
 
 

@@ -236,7 +236,7 @@ def test_sft_command_on_a_corrupt_file_prints_one_line(tmp_path, demo_dir):
 
 
 def test_collect_without_a_demonstrator_names_the_envs_that_have_one():
-    with pytest.raises(ValueError, match=r"there is one for PickCube-v1, PushCube-v1\).*motion_planning"):
+    with pytest.raises(ValueError, match=r"there is one for PickCube-v1, PullCube-v1, PushCube-v1\).*motion_planning"):
         demonstrator_for(EnvConfig(id="OpenCabinetDrawer-v1"))
     with pytest.raises(ValueError, match="acts in env.control_mode='pd_ee_delta_pos', not 'pd_ee_delta_pose'"):
         demonstrator_for(EnvConfig(id="PushCube-v1", control_mode="pd_ee_delta_pose"))

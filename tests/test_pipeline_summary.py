@@ -26,3 +26,17 @@ def test_the_tensorboard_command_shows_every_run(tmp_path):
     tensorboard.configure(argv=argv)                 # tensorboard's own flag parsing
     runs = set(io_wrapper.GetLogdirSubdirectories(tensorboard.flags.logdir))
     assert runs == {str(d) for d in log_dirs}, line
+
+
+def test_with_several_tasks_each_tasks_figure_comes_before_their_mean():
+    def result(p):
+        return {"success_rate": p, "ci95": [p - 0.1, p + 0.1]}
+    tasks = {"PushCube-v1": result(0.9), "PickCube-v1": result(0.3)}
+    summary = {"env_id": "PushCube-v1,PickCube-v1", "episodes": 8, "tensorboard": ["runs/x/tb"],
+               "sft": {"steps": 10, **result(0.5), "tasks": tasks},
+               "rl": {"updates": 4, **result(0.6), "tasks": tasks}}
+    lines = format_final(summary).splitlines()
+    assert "8 fixed episodes per task" in lines[0]
+    after_rl = [x for x in lines if "after RL" in x]
+    assert [x.split(":")[1].split()[0] for x in after_rl] == ["PushCube-v1", "PickCube-v1", "mean"]
+    assert "90.0%" in after_rl[0] and "60.0%" in after_rl[2] and len([x for x in lines if "after SFT" in x]) == 3

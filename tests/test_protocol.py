@@ -138,7 +138,7 @@ def _episodes(n):
     def f(frames):
         meta, arrays = _arrays(frames)
         arrays.update(ep_return=np.zeros(n, np.float32), ep_length=np.ones(n, np.int64),
-                      ep_success=np.zeros(n, np.uint8))
+                      ep_success=np.zeros(n, np.uint8), ep_task=np.zeros(n, np.int64))
         return P.encode(P.SEGMENT, meta, arrays)
     return f
 
@@ -214,6 +214,8 @@ CASES = {
     "negative episode length": (_set_array("ep_length", lambda a: a.__setitem__(0, -3)), "bad_counter"),
     "empty episode": (_set_array("ep_length", lambda a: a.__setitem__(0, 0)), "bad_counter"),
     "episode length 2**62": (_set_array("ep_length", lambda a: a.__setitem__(0, 1 << 62)), "bad_counter"),
+    "task beyond env.tasks": (_set_array("ep_task", lambda a: a.__setitem__(0, 1)), "out_of_range"),
+    "negative task": (_set_array("ep_task", lambda a: a.__setitem__(0, -1)), "out_of_range"),
     # SMALL: T=4 policy steps x K=2 env steps x B=2 envs; the unmutated segment claims all 16
     "env_steps int64 max": (_set_meta("env_steps", (1 << 63) - 1), "bad_counter"),
     "env_steps one beyond the arrays": (_set_meta("env_steps", 4 * 2 * 2 + 1), "bad_counter"),
@@ -301,9 +303,9 @@ def test_every_channel_bounds_frames_bytes_and_depth(kind):
         P.decode([hello[0] + bytes(limits.max_bytes)], limits)
     assert err.value.reason == "too_large"
     # ~1,000 levels: shallower than msgpack's own limit, deep enough to exhaust Python's stack
-    for header in ({"type": "hello", "v": 2, "meta": {}, "layout": msgpack.packb(_deep_list(1000))},
-                   {"type": "hello", "v": 2, "meta": {"x": _deep_list(1000)}, "layout": msgpack.packb([])},
-                   {"type": _deep_list(1000), "v": 2, "meta": {}, "layout": msgpack.packb([])}):
+    for header in ({"type": "hello", "v": P.SCHEMA_VERSION, "meta": {}, "layout": msgpack.packb(_deep_list(1000))},
+                   {"type": "hello", "v": P.SCHEMA_VERSION, "meta": {"x": _deep_list(1000)}, "layout": msgpack.packb([])},
+                   {"type": _deep_list(1000), "v": P.SCHEMA_VERSION, "meta": {}, "layout": msgpack.packb([])}):
         with pytest.raises(ValidationError) as err:
             P.decode([msgpack.packb(header)], limits)
         assert err.value.reason == "too_deep"

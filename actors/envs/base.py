@@ -27,8 +27,9 @@ class ChunkStep:
     success     bool [B]: success at the last executed step of the chunk
     final_obs   dict like obs, only for the envs in done_index (int64 [n]): their last observation
                 of the episode that ended (bootstraps V at a truncation)
-    episodes    one dict(return, length, success, env) per episode that ended; success = the
-                task was solved at any step of the episode
+    episodes    one dict(return, length, success, env, task) per episode that ended; success =
+                the task was solved at any step of the episode; task = its index in the run's
+                tasks (actors/envs/tasks.py)
     env_steps   env steps actually executed (sum over envs)
     """
     obs: dict
@@ -51,12 +52,14 @@ class ChunkEnv(Protocol):
     step_chunk(actions float32 [B,K,D] in [-1, 1]) -> ChunkStep
     render_frames() -> uint8 [B,h,w,3], each env's camera image at its own resolution
     instructions: the language instruction of each env's current episode
+    env_tasks: int64 [B], the task each env runs (its index in tasks.tasks_of(env config))
     """
     num_envs: int
     num_action_chunks: int
     action_dim: int
     state_dim: int
     instructions: list
+    env_tasks: np.ndarray
 
     def reset(self, seed: Optional[int] = None) -> dict: ...
 
@@ -143,9 +146,10 @@ def check_actions(actions, num_envs: int, num_chunks: int, action_dim: int,
 
 
 class EpisodeTracker:
-    """Running return, length and success of the current episode of each env."""
+    """Running return, length and success of the current episode of each env (and its task)."""
 
-    def __init__(self, num_envs: int):
+    def __init__(self, num_envs: int, env_tasks=None):
+        self.tasks = np.zeros(num_envs, np.int64) if env_tasks is None else np.asarray(env_tasks, np.int64)
         self.ret = np.zeros(num_envs, np.float64)
         self.length = np.zeros(num_envs, np.int64)
         self.success = np.zeros(num_envs, bool)
@@ -158,7 +162,8 @@ class EpisodeTracker:
     def finish(self, index: np.ndarray, env_offset: int = 0) -> list[dict]:
         """Stats of the episodes of envs `index` (which just ended); their counters restart."""
         episodes = [{"return": float(self.ret[i]), "length": int(self.length[i]),
-                     "success": bool(self.success[i]), "env": int(i) + env_offset} for i in index]
+                     "success": bool(self.success[i]), "env": int(i) + env_offset,
+                     "task": int(self.tasks[i])} for i in index]
         self.ret[index], self.length[index], self.success[index] = 0.0, 0, False
         return episodes
 

@@ -1,7 +1,9 @@
 """Language instructions for ManiSkill tasks, which carry none of their own.
 
 Each names what the camera shows (object colours are the tasks' own); `env.instruction` in the
-config replaces the table's entry or supplies one for a task not listed here.
+config replaces the table's entry or supplies one for a task not listed here. EVAL_INSTRUCTIONS:
+a second phrasing of some, never trained on, given only by evaluations that ask for it
+(actors/envs/tasks.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,13 @@ INSTRUCTIONS = {
     "PlugCharger-v1": "plug the charger into the receptacle",
 }
 
+EVAL_INSTRUCTIONS = {
+    "PushCube-v1": "slide the blue block onto the red and white goal",
+    "PullCube-v1": "drag the blue block backwards onto the red and white goal",
+    "PickCube-v1": "grasp the red block and carry it to the target",
+    "StackCube-v1": "put the red block onto the green block",
+}
+
 
 def instruction_for(env_id: str, override: Optional[str] = None) -> str:
     """The configured instruction if given, else the table's; an unknown task without one is an error."""
@@ -33,3 +42,10 @@ def instruction_for(env_id: str, override: Optional[str] = None) -> str:
         raise ValueError(f"env.id={env_id!r} has no built-in instruction; set env.instruction "
                          f"(tasks with one: {', '.join(sorted(INSTRUCTIONS))})")
     return INSTRUCTIONS[env_id]
+
+
+def eval_instruction_for(env_id: str, override: Optional[str] = None) -> str:
+    """The held-out phrasing: the configured one, else the table's, else the training sentence."""
+    if override is not None:
+        return instruction_for(env_id, override)
+    return EVAL_INSTRUCTIONS.get(env_id) or instruction_for(env_id)

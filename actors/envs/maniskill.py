@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import weakref
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -29,8 +30,9 @@ from asyncvla.actors.envs import pool
 from asyncvla.actors.envs.base import (ChunkStep, EpisodeTracker, check_actions,
                                        check_reward_type, reduce_reward, resize_images, run_chunk)
 from asyncvla.actors.envs.starts import StartSchedule
-from asyncvla.actors.envs.instructions import instruction_for
+from asyncvla.actors.envs.tasks import Task, tasks_of
 from asyncvla.actors.envs.robot_hulls import draw_robot_with_hulls
+from asyncvla.common.data.demos import pick_state, state_leaves
 
 START_TIMEOUT_S = 600.0   # creating an env takes 5-10 s alone, much longer on a busy machine
 STEP_TIMEOUT_S = 600.0
@@ -55,14 +57,18 @@ class RunnerSpec:
     render_size: Optional[int] = None
     robot_visual: str = "mesh"               # or "hull": actors/envs/robot_hulls.py
     robot_uids: Optional[str] = None         # None: the task's own robot
+    state_keys: Optional[tuple] = None       # ((observation path, size), ...): env.state_keys
 
 
-def runner_spec(cfg, image_size: int) -> RunnerSpec:
-    return RunnerSpec(cfg.id, cfg.obs_mode, cfg.control_mode, cfg.reward_mode, cfg.render_backend,
-                      cfg.max_episode_steps, cfg.camera, cfg.use_proprio, image_size,
+def runner_spec(cfg, image_size: int, task: Optional[Task] = None) -> RunnerSpec:
+    """The spec of an env of `task` (None: env.id's) from the env config."""
+    task = task or tasks_of(cfg)[0]
+    return RunnerSpec(task.id, cfg.obs_mode, cfg.control_mode, task.reward_mode, cfg.render_backend,
+                      task.max_episode_steps, cfg.camera, cfg.use_proprio, image_size,
                       cfg.ignore_terminations, cfg.auto_reset,
                       tuple(cfg.camera_pose) if cfg.camera_pose is not None else None, cfg.camera_fov,
-                      cfg.render_size, cfg.robot_visual, cfg.robot_uids)
+                      cfg.render_size, cfg.robot_visual, cfg.robot_uids,
+                      tuple(cfg.state_keys.items()) if cfg.state_keys else None)
 
 
 def make_kwargs(spec: RunnerSpec, sim_backend: str, num_envs: int) -> dict:
@@ -169,7 +175,8 @@ class EpisodeRunner:
         self.ended = False
         first = self._observe()   # checks the camera and gives the state size
         self.info = {"action_dim": int(self.env.action_space.shape[0]),
-                     "state_dim": int(first["state"].shape[0]) if "state" in first else 0}
+                     "state_dim": int(first["state"].shape[0]) if "state" in first else 0,
+                     "state_sizes": self._state_sizes}
 
     def reset(self, seed: int) -> dict:
         self.tracker = EpisodeTracker(1)
@@ -224,7 +231,14 @@ class EpisodeRunner:
 
     def _convert(self, obs: dict) -> dict:
         self._frame = camera_rgb(obs, self.spec)
-        state = flat_state({"agent": obs["agent"], "extra": obs["extra"]}) if self.spec.use_proprio else None
+        leaves = state_leaves({"agent": obs["agent"], "extra": obs["extra"]})
+        self._state_sizes = {k: int(np.size(v)) for k, v in leaves.items()}
+        state = None
+        if self.spec.use_proprio and self.spec.state_keys:
+            state = pick_state({k: np.asarray(v)[None] for k, v in leaves.items()}, self.spec.state_keys,
+                               self.spec.env_id)[0]
+        elif self.spec.use_proprio:
+            state = flat_state({"agent": obs["agent"], "extra": obs["extra"]})
         out = policy_obs(self._frame[None], None if state is None else state[None], self.spec)
         return {k: v[0] for k, v in out.items()}
 
@@ -267,32 +281,35 @@ def flat_state(tree: dict) -> np.ndarray:
 
 # -------------------------------------------------------------------------- CPU, batched
 class ManiSkillCPUEnv:
-    """num_envs CPU ManiSkill envs (one runner each; worker processes when more than one)."""
+    """num_envs CPU ManiSkill envs (one runner each; worker processes when more than one). With
+    `tasks` (one per env) env i runs tasks[i], its index in the run's tasks `env_tasks[i]`, and
+    tells the policy the task's sentence; every task must give the policy the same observation and
+    take the same action."""
 
     def __init__(self, cfg, num_envs: int, image_size: int, num_action_chunks: int, reward_type: str,
-                 seed: int, action_dim: Optional[int] = None, starts: Optional[StartSchedule] = None):
+                 seed: int, action_dim: Optional[int] = None, starts: Optional[StartSchedule] = None,
+                 tasks: Optional[list[Task]] = None, env_tasks=None):
         check_reward_type(reward_type)
         self.num_envs, self.num_action_chunks, self.reward_type = num_envs, num_action_chunks, reward_type
-        self.instructions = [instruction_for(cfg.id, cfg.instruction)] * num_envs
-        self._seeds = starts or StartSchedule.for_purpose("train", cfg, seed, num_envs)
+        tasks = tasks or tasks_of(cfg)[:1] * num_envs
+        self.env_tasks = np.zeros(num_envs, np.int64) if env_tasks is None else np.asarray(env_tasks, np.int64)
+        self.instructions = [t.instruction for t in tasks]
+        self._seeds = starts or StartSchedule.for_purpose("train", cfg, seed, num_envs, env_tasks=self.env_tasks)
         self._started = False
-        spec = runner_spec(cfg, image_size)
+        specs = [runner_spec(cfg, image_size, t) for t in tasks]
         self._envs: list = []
         self._finalizer = weakref.finalize(self, pool.shutdown, self._envs)
         try:
             if num_envs == 1:
-                self._envs.append(pool.InProcess(EpisodeRunner, spec))
+                self._envs.append(pool.InProcess(EpisodeRunner, specs[0]))
             else:
                 ctx = mp.get_context("forkserver")
-                self._envs.extend(pool.Worker(ctx, EpisodeRunner, spec, i, cfg.id) for i in range(num_envs))
+                self._envs.extend(pool.Worker(ctx, EpisodeRunner, spec, i, spec.env_id) for i, spec in enumerate(specs))
             infos = [env.recv(START_TIMEOUT_S) for env in self._envs]
-        except BaseException:
-            self.close()
-            raise
-        self.action_dim, self.state_dim = infos[0]["action_dim"], infos[0]["state_dim"]
-        try:
+            self.action_dim, self.state_dim = infos[0]["action_dim"], infos[0]["state_dim"]
+            _check_one_space(tasks, infos)
             _check_action_dim(cfg, action_dim, self.action_dim)
-        except ValueError:
+        except BaseException:
             self.close()
             raise
 
@@ -320,7 +337,8 @@ class ManiSkillCPUEnv:
         episodes = []
         for i in np.flatnonzero(done):
             retried = self._seeds.ended(int(i), results[i]["episode"]["success"])
-            episodes.append({**results[i]["episode"], "env": int(i), "retried": retried})
+            episodes.append({**results[i]["episode"], "env": int(i), "task": int(self.env_tasks[i]),
+                             "retried": retried})
             self._seeds.take(int(i))
         done_index = np.flatnonzero(done).astype(np.int64)
         rewards = np.stack([r["rewards"] for r in results]).astype(np.float32)
@@ -378,16 +396,20 @@ class ManiSkillBatchedEnv:
     """
 
     def __init__(self, cfg, num_envs: int, image_size: int, num_action_chunks: int, reward_type: str,
-                 seed: int, action_dim: Optional[int] = None, starts: Optional[StartSchedule] = None):
+                 seed: int, action_dim: Optional[int] = None, starts: Optional[StartSchedule] = None,
+                 tasks: Optional[list[Task]] = None, env_tasks=None):
         check_reward_type(reward_type)
         starts = starts or StartSchedule.for_purpose("train", cfg, seed, num_envs)
-        if starts.group_size > 1:
-            raise ValueError("algorithm.adv_type=grpo needs each group's episodes to start from one initial "
-                             "state, which the batched simulator's partial resets cannot restore: use "
-                             "env.sim_backend=physx_cpu")
-        self.spec = runner_spec(cfg, image_size)
+        task = (tasks or tasks_of(cfg))[0]
+        if any(t.id != task.id for t in tasks or ()):     # (the config check says so first)
+            raise ValueError("env.sim_backend=physx_cuda runs one task's scene: env.tasks cannot mix there")
+        if starts.restores_starts:         # (the config checks say so first)
+            raise ValueError("the batched simulator's partial resets cannot restore a start from its seed, as "
+                             "GRPO's groups and env.retry_failed_starts need: use env.sim_backend=physx_cpu")
+        self.spec = runner_spec(cfg, image_size, task)
         self.num_envs, self.num_action_chunks, self.reward_type = num_envs, num_action_chunks, reward_type
-        self.instructions = [instruction_for(cfg.id, cfg.instruction)] * num_envs
+        self.instructions = [task.instruction] * num_envs
+        self.env_tasks = np.zeros(num_envs, np.int64) if env_tasks is None else np.asarray(env_tasks, np.int64)
         self._seeds = starts
         self.env = make(self.spec, cfg.sim_backend, num_envs)
         self.device = self.env.unwrapped.device
@@ -396,13 +418,14 @@ class ManiSkillBatchedEnv:
         self._obs = self._convert(self.env.unwrapped.get_obs())
         self.state_dim = int(self._obs["state"].shape[1]) if "state" in self._obs else 0
         self._ended = np.zeros(num_envs, bool)
-        self._tracker = EpisodeTracker(num_envs)
+        self._tracker = EpisodeTracker(num_envs, self.env_tasks)
         self._started = False
 
     def reset(self, seed: Optional[int] = None) -> dict:
         self._seeds.restart(seed)
         obs, _ = self.env.reset(seed=[self._seeds.take(i) for i in range(self.num_envs)])
-        self._obs, self._tracker, self._started = self._convert(obs), EpisodeTracker(self.num_envs), True
+        self._obs, self._started = self._convert(obs), True
+        self._tracker = EpisodeTracker(self.num_envs, self.env_tasks)
         self._ended[:] = False
         return self._obs
 
@@ -463,7 +486,11 @@ class ManiSkillBatchedEnv:
         if index is None:
             self._frames = frames
         state = None
-        if self.spec.use_proprio:
+        if self.spec.use_proprio and self.spec.state_keys:
+            leaves = state_leaves({"agent": obs["agent"], "extra": obs["extra"]})
+            state = pick_state({k: _numpy(v[rows]) for k, v in leaves.items()}, self.spec.state_keys,
+                               self.spec.env_id)
+        elif self.spec.use_proprio:
             from mani_skill.utils import common
             state = _numpy(common.flatten_state_dict(name_ordered({"agent": obs["agent"], "extra": obs["extra"]}),
                                                      use_torch=True, device=self.device)[rows])
@@ -485,6 +512,47 @@ def policy_obs(frames: np.ndarray, state, spec: RunnerSpec) -> dict:
     if state is not None:
         out["state"] = np.asarray(state, np.float32)
     return out
+
+
+def space_problem(cfg) -> Optional[str]:
+    """One line when the tasks of env config `cfg` (env.tasks) do not give the policy one observation
+    and take one action size, else None: each task built once, its camera at 16 px (~2 s each)."""
+    tasks = tasks_of(cfg)
+    if len(tasks) < 2:
+        return None
+    infos = []
+    for task in tasks:
+        spec = dataclasses.replace(runner_spec(cfg, 16, task), render_size=16)
+        try:
+            runner = EpisodeRunner(spec)
+        except ValueError as e:                # (env.state_keys: a size the task does not have)
+            return str(e)
+        infos.append(runner.info)
+        runner.close()
+    try:
+        _check_one_space(tasks, infos)
+    except ValueError as e:
+        return str(e)
+    for key, size in (cfg.state_keys or {}).items() if cfg.use_proprio else ():
+        has = {t.id: info["state_sizes"][key] for t, info in zip(tasks, infos) if key in info["state_sizes"]}
+        if not has:
+            return (f"env.state_keys names {key}, which no task of env.tasks has; they have: "
+                    + "; ".join(f"{t.id} {', '.join(i['state_sizes'])}" for t, i in zip(tasks, infos)))
+        if any(n != size for n in has.values()):
+            return f"env.state_keys gives {key} {size} values, but " + ", ".join(f"{k} has {n}" for k, n in has.items())
+    return None
+
+
+def _check_one_space(tasks: list[Task], infos: list[dict]) -> None:
+    """Every env's task gives the policy the same observation and takes the same action: a mix
+    that does not is named, with each task's sizes."""
+    for key in ("action_dim", "state_dim"):
+        sizes = {t.id: info[key] for t, info in zip(tasks, infos)}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"env.tasks do not share one {'action' if key == 'action_dim' else 'state'} size: "
+                             + ", ".join(f"{k} {v}" for k, v in sizes.items())
+                             + (" (env.use_proprio=true: each task's own state; set it false to mix them)"
+                                if key == "state_dim" else " (env.control_mode)"))
 
 
 def _check_action_dim(cfg, policy_dim: Optional[int], env_dim: int) -> None:

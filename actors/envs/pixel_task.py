@@ -72,6 +72,7 @@ class PixelReachEnv:
         self._ended = np.zeros(B, bool)       # only without auto-reset: waits for reset()
         self._tracker = EpisodeTracker(B)
         self._started = False
+        self.env_tasks = np.zeros(B, np.int64)          # (one task)
 
     @property
     def instructions(self) -> list[str]:

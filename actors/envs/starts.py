@@ -1,6 +1,6 @@
 """Where each episode starts: one StartSchedule per env wrapper, built by `make_env` for its purpose.
 
-    starts = StartSchedule.for_purpose("train", env_cfg, seed, num_envs, group_size)
+    starts = StartSchedule.for_purpose("train", env_cfg, seed, num_envs, group_size, env_tasks)
     seed = starts.peek(i)                # the seed env i's next episode will reset with
     seed = starts.take(i)                # env i starts it now (its slot: starts.slot[i])
     retried = starts.ended(i, success)  # how env i's episode ended, before its next take
@@ -12,7 +12,8 @@ episodes_per_start) and retries of failed starts (env.retry_failed_starts); `eva
 at every reset(seed), so that an evaluation with the same seed sees the same initial states
 whatever the policy, and its starts are held out by construction (seeds in [2^31, 2^32), where
 training's and collection's are below 2^31); `collect` hands out fresh starts for demonstrations. The envs only ask for the
-next start and say how an episode ended.
+next start and say how an episode ended. With several tasks (env.tasks; `env_tasks`: the task of
+each env) a group and a retried start stay within their task.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class StartSchedule:
     gG + G - 1 form group g and all get group_seed(seed, g), whichever env runs them: an env
     reserves its next slot when first asked for its next seed (`peek`), so that seeds handed out
     before an episode ends are never handed out twice. `slot[i]`: the slot of env i's episode.
+    With several tasks (`env_tasks`) each task fills its own open group: a group never mixes tasks.
 
     With `retry_failed` p > 0 (training only, env.retry_failed_starts) the seed of an episode
     that ended unsolved (`ended`) is queued, and an env's next episode starts from the oldest
@@ -57,7 +59,7 @@ class StartSchedule:
     """
 
     def __init__(self, seed: int, num_envs: int, fixed: bool = False, group_size: int = 1,
-                 retry_failed: float = 0.0, held_out: bool = False):
+                 retry_failed: float = 0.0, held_out: bool = False, env_tasks=None):
         if group_size > 1 and fixed:
             raise ValueError("fixed reset states and groups of episodes exclude each other")
         if retry_failed and (fixed or group_size > 1):
@@ -71,11 +73,15 @@ class StartSchedule:
         self.slot = np.full(num_envs, -1, np.int64)
         self._reserved = np.full(num_envs, -1, np.int64)
         self._next_slot = 0
+        self._task = np.zeros(num_envs, np.int64) if env_tasks is None else np.asarray(env_tasks, np.int64)
+        if self._task.shape != (num_envs,):
+            raise ValueError(f"env_tasks has shape {self._task.shape}; expected one task per env: ({num_envs},)")
+        self._open: dict[int, int] = {}        # task -> next slot of its open group (groups: G slots each)
         self.retry_failed = float(retry_failed)
         self.retried = np.zeros(num_envs, np.int64)   # how often env i's current start was retried
         self._current = np.zeros(num_envs, np.int64)   # env i's current seed
         self._pending: dict[int, tuple[int, int]] = {}  # env -> (next seed, its retries)
-        self._failed: collections.deque = collections.deque(maxlen=RETRY_QUEUE)
+        self._failed = collections.defaultdict(lambda: collections.deque(maxlen=RETRY_QUEUE))   # task -> starts
         self._rng = np.random.default_rng([int(seed), 0x5EED])
 
     def restart(self, seed: Optional[int] = None) -> None:
@@ -88,11 +94,12 @@ class StartSchedule:
     def peek(self, i: int) -> int:
         if self.group_size > 1:
             if self._reserved[i] < 0:
-                self._reserved[i], self._next_slot = self._next_slot, self._next_slot + 1
+                self._reserved[i] = self._next_group_slot(int(self._task[i]))
             return group_seed(self.seed, int(self._reserved[i]) // self.group_size)
         if i not in self._pending:
-            if self._failed and self._rng.random() < self.retry_failed:
-                self._pending[i] = self._failed.popleft()
+            failed = self._failed[int(self._task[i])]
+            if failed and self._rng.random() < self.retry_failed:
+                self._pending[i] = failed.popleft()
             else:
                 self._pending[i] = (episode_seed(self.seed, i, int(self.count[i])) | self._held_out, 0)
         return self._pending[i][0]
@@ -112,14 +119,32 @@ class StartSchedule:
         """Env i's episode ended (before its next `take`): queue its start for a retry if it
         failed and retries are on. Returns whether that episode was itself a retry."""
         if self.retry_failed and not success and self.retried[i] < RETRY_TRIES:
-            self._failed.append((int(self._current[i]), int(self.retried[i]) + 1))
+            self._failed[int(self._task[i])].append((int(self._current[i]), int(self.retried[i]) + 1))
         return bool(self.retried[i] > 0)
 
+    @property
+    def restores_starts(self) -> bool:
+        """Whether some episode must start again from a seed handed out before (GRPO's groups, retried
+        starts): an env whose later resets take no seeds cannot serve this schedule."""
+        return self.group_size > 1 or self.retry_failed > 0
+
+    def _next_group_slot(self, task: int) -> int:
+        """The next slot of `task`'s open group, opening a new group (the next G slots) when it is full."""
+        slot = self._open.get(task)
+        if slot is None or slot % self.group_size == 0:
+            slot, self._next_slot = self._next_slot, self._next_slot + self.group_size
+        self._open[task] = slot + 1
+        return slot
+
     @classmethod
-    def for_purpose(cls, purpose: str, env_cfg, seed: int, num_envs: int, group_size: int = 1) -> "StartSchedule":
-        """The schedule of envs built for `purpose` (PURPOSES) from `env_cfg` (an EnvConfig)."""
+    def for_purpose(cls, purpose: str, env_cfg, seed: int, num_envs: int, group_size: int = 1,
+                    env_tasks=None) -> "StartSchedule":
+        """The schedule of envs built for `purpose` (PURPOSES) from `env_cfg` (an EnvConfig);
+        `env_tasks`: the task of each env (None: one task)."""
         if purpose not in PURPOSES:
             raise ValueError(f"purpose={purpose!r}: one of {list(PURPOSES)}")
         if purpose != "train":
-            return cls(seed, num_envs, fixed=purpose == "evaluate", held_out=purpose == "evaluate")
-        return cls(seed, num_envs, env_cfg.use_fixed_reset_state_ids, group_size, env_cfg.retry_failed_starts)
+            return cls(seed, num_envs, fixed=purpose == "evaluate", held_out=purpose == "evaluate",
+                       env_tasks=env_tasks)
+        return cls(seed, num_envs, env_cfg.use_fixed_reset_state_ids, group_size, env_cfg.retry_failed_starts,
+                   env_tasks=env_tasks)

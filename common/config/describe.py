@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import html
+import typing
 import re
-from typing import Any
 
 from omegaconf import ListConfig
 
 from .fields import walk
-from .loading import field_type
+from .loading import config_node, field_type
 from .schema import Config
+
+
+def _keys():
+    """Every key of the schema, a list of sections (env.tasks) followed by its items' keys (env.tasks[].id)."""
+    for key, value, meta in walk(Config()):
+        yield key, value, meta
+        item = config_node(key.rpartition(".")[0])
+        hint = typing.get_args(typing.get_type_hints(type(item)).get(key.rpartition(".")[2]))
+        if len(hint) == 1 and dataclasses.is_dataclass(hint[0]):
+            yield from walk(hint[0](), key + "[].")
 
 
 def describe(markdown: bool = False) -> str:
@@ -19,7 +30,7 @@ def describe(markdown: bool = False) -> str:
     if markdown:
         return _describe_markdown()
     lines = []
-    for key, value, meta in walk(Config()):
+    for key, value, meta in _keys():
         allowed = ""
         if meta.get("choices") is not None:
             allowed = " one of " + "|".join(map(str, meta["choices"]))
@@ -46,14 +57,12 @@ with a message naming the key, the value and what is allowed.
 
 def _describe_markdown() -> str:
     sections: dict[str, list] = {}
-    for key, value, meta in walk(Config()):
+    for key, value, meta in _keys():
         sections.setdefault(key.rpartition(".")[0], []).append((key, value, meta))
     out = [_MARKDOWN_HEADER]
     for section, rows in sections.items():
         out.append(f"## {section}\n")
-        node: Any = Config()
-        for part in section.split("."):
-            node = getattr(node, part)
+        node = config_node(section)
         doc = type(node).__doc__ or ""
         if doc and not doc.startswith(type(node).__name__ + "("):    # (not the dataclass's own signature)
             out.append(_md_text(" ".join(doc.split())) + "\n")

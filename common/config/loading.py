@@ -6,6 +6,7 @@ import dataclasses
 import difflib
 import logging
 import os
+import typing
 from typing import Any, List, Sequence
 
 from omegaconf import DictConfig, OmegaConf
@@ -90,6 +91,9 @@ def explain(e: OmegaConfBaseException, where: str) -> str:
     """Turn an OmegaConf merge error into: which key, which value, what is allowed."""
     key = getattr(e, "full_key", None) or "?"
     msg = str(e).splitlines()[0]
+    item = list_item_key(getattr(e, "object_type", None))
+    if item and not key.startswith(item):        # (OmegaConf names a list item's key without its list)
+        key = f"{item}.{key}"
     if type(e).__name__ in ("ConfigKeyError", "ConfigAttributeError", "KeyValidationError"):
         parent, _, leaf = key.rpartition(".")
         allowed = section_keys(parent)
@@ -103,18 +107,38 @@ def explain(e: OmegaConfBaseException, where: str) -> str:
             + (f"; expected {expected}" if expected else "") + f" ({msg})")
 
 
-def section_keys(dotted: str) -> list[str]:
+def list_item_key(item_type) -> str:
+    """'section.key[]' of the list field whose items are the dataclass `item_type` (env.tasks[]:
+    TaskConfig), else ''."""
+    if not dataclasses.is_dataclass(item_type):
+        return ""
+    for section in dataclasses.fields(Config):
+        for f in dataclasses.fields(section.default_factory):
+            if typing.get_args(typing.get_type_hints(section.default_factory).get(f.name)) == (item_type,):
+                return f"{section.name}.{f.name}[]"
+    return ""
+
+
+def config_node(dotted: str) -> Any:
+    """The section or list item (key[]: a default item) that a dotted key names."""
     node: Any = Config()
     for part in [p for p in dotted.split(".") if p]:
-        node = getattr(node, part, None)
+        if part.endswith("[]"):
+            hints = typing.get_type_hints(type(node))
+            node = typing.get_args(hints.get(part[:-2]))[0]()
+        else:
+            node = getattr(node, part, None)
+    return node
+
+
+def section_keys(dotted: str) -> list[str]:
+    node = config_node(dotted)
     return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
 
 
 def field_type(dotted: str) -> str:
     parent, _, leaf = dotted.rpartition(".")
-    node: Any = Config()
-    for part in [p for p in parent.split(".") if p]:
-        node = getattr(node, part, None)
+    node = config_node(parent)
     if dataclasses.is_dataclass(node):
         for f in dataclasses.fields(node):
             if f.name == leaf:

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from .algorithm import AlgorithmConfig, check_estimator, check_value_augment
 from .data import CollectConfig, SFTConfig
-from .env import EnvConfig, check_camera, check_retry
+from .env import EnvConfig, check_camera, check_retry, check_tasks
 from .fields import ConfigError, check_field, walk
 from .launch import LaunchConfig, check_placement
 from .learner import LearnerConfig, check_lr_decay
@@ -48,6 +48,7 @@ def validate(config: Config, on_this_machine: bool = True) -> None:
     problems += check_retry(config)
     problems += check_lr_decay(config.learner)
     problems += check_camera(config.env)
+    problems += check_tasks(config.env)
     if on_this_machine:
         problems += check_placement(config.launch)
     if problems:

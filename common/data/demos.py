@@ -322,6 +322,34 @@ def _read_states(g, where: str, T: int, state_dim: int) -> dict:
 STATE_GROUPS = ("agent", "extra")
 
 
+def state_leaves(tree: dict, prefix: str = "") -> dict:
+    """{"agent/qpos": array, ...}: the leaves of a nested observation dict by their paths."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(state_leaves(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def pick_state(states: dict, layout, task: str) -> np.ndarray:
+    """float32 [N, S]: the keys of `layout` ((key, size) pairs in order: env.state_keys) from `states`
+    ({"agent/qpos": [N, ...]} of task `task`), zeros for a key the task lacks, so that tasks with
+    different observations share one state; a key the task gives with another size is named."""
+    n = len(next(iter(states.values())))
+    parts = []
+    for key, size in layout:
+        if key not in states:
+            parts.append(np.zeros((n, size), np.float32))
+            continue
+        value = np.asarray(states[key], np.float32).reshape(n, -1)
+        if value.shape[1] != size:
+            raise ValueError(f"env.state_keys gives {key} {size} values, but {task} has {value.shape[1]}")
+        parts.append(value)
+    return np.concatenate(parts, axis=1) if parts else np.zeros((n, 0), np.float32)
+
+
 def flat_states(states: dict) -> np.ndarray:
     """float32 [T+1, S]: the leaves of obs/agent then obs/extra, each group in name order, as the
     env's `flat_state` orders a live observation."""

@@ -107,7 +107,8 @@ def _segment(side: int, t: int, b: int) -> Segment:
               "truncated": z((t, b), np.uint8), "final_index": z((0, 2), np.int64),
               "final_image": z((0, side, side, 3), np.uint8), "final_instruction": z((0, L), np.int64),
               "final_instruction_mask": z((0, L), np.uint8), "ep_return": z(0, np.float32),
-              "ep_length": z(0, np.int64), "ep_success": z(0, np.uint8)}
+              "ep_length": z(0, np.int64), "ep_success": z(0, np.uint8),
+              "ep_task": z(0, np.int64)}
     meta = {"actor_id": "bench", "seq": 0, "policy_version": 0, "num_steps": t, "num_envs": b,
             "env_steps": t * b * K, "token": TOKEN}
     return Segment(meta, arrays)

@@ -65,6 +65,7 @@ def make_segment(spec: SegmentSpec | None = None, B: int = 8, seq: int = 0, acto
         "ep_return": rng.standard_normal(episodes).astype(np.float32),
         "ep_length": rng.integers(1, min(100, (spec.max_episode_steps or 99) + 1), episodes, dtype=np.int64),
         "ep_success": rng.integers(0, 2, episodes, dtype=np.uint8),
+        "ep_task": rng.integers(0, spec.num_tasks, episodes, dtype=np.int64),
     }
     if S:
         arrays["state"] = rng.standard_normal((T + 1, B, S)).astype(np.float32)

@@ -86,6 +86,7 @@ SEGMENT_FIELDS: dict[str, Field] = {
     "ep_return": Field("float32", ("E",), "episode"),
     "ep_length": Field("int64", ("E",), "episode"),
     "ep_success": Field("uint8", ("E",), "episode"),
+    "ep_task": Field("int64", ("E",), "episode", "task"),      # index into the run's tasks (env.tasks)
 }
 OBS_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.role == "obs")
 FINAL_FIELDS = tuple(k for k, f in SEGMENT_FIELDS.items() if f.role == "final")
@@ -138,6 +139,7 @@ class SegmentSpec:
     first_action_id: int | None = None
     max_abs_reward: float | None = None
     max_episode_steps: int | None = None
+    num_tasks: int = 1
     advantage_fields: tuple = ()
     advantage_bounds: tuple = ()
 
@@ -146,6 +148,7 @@ class SegmentSpec:
         """What a learner with config `cfg` (a Config), whose policy acts with `head` (an
         ActionHead) over `action_tokenizer`'s vocabulary, accepts from its actors."""
         from asyncvla.common.advantages import make_estimator   # (its files import this one)
+        from asyncvla.common.config.env import episode_limit
         p, est = cfg.policy, make_estimator(cfg.algorithm)
         return cls(image_size=p.image_size, instruction_len=p.max_instruction_tokens,
                    num_action_chunks=p.num_action_chunks, action_dim=p.action_dim,
@@ -154,7 +157,7 @@ class SegmentSpec:
                    action_level_rewards=cfg.algorithm.reward_type == "action_level",
                    num_steps=cfg.actor.rollout_length, vocab_size=action_tokenizer.vocab_size,
                    first_action_id=action_tokenizer.first_id, max_abs_reward=cfg.learner.max_abs_reward,
-                   max_episode_steps=cfg.env.max_episode_steps,
+                   max_episode_steps=episode_limit(cfg.env), num_tasks=max(1, len(cfg.env.tasks)),
                    advantage_fields=tuple(est.segment_fields().items()),
                    advantage_bounds=tuple(est.segment_bounds().items()))
 
@@ -167,7 +170,8 @@ class SegmentSpec:
         <= 0 (a hair above, for rounding); densities may be positive."""
         out = {"state": (-MAX_ABS_STATE, MAX_ABS_STATE, "out_of_range"),
                "logp": (-MAX_ABS_LOGP, MAX_ABS_LOGP if self.densities else 1e-3, "out_of_range"),
-               "unit": (-MAX_ABS_UNIT, MAX_ABS_UNIT, "out_of_range")}
+               "unit": (-MAX_ABS_UNIT, MAX_ABS_UNIT, "out_of_range"),
+               "task": (0, self.num_tasks - 1, "out_of_range")}
         out.update(self.advantage_bounds)
         if self.vocab_size is not None:
             out["action_ids"] = (self.first_action_id or 0, self.vocab_size - 1, "bad_token")

@@ -37,7 +37,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 import msgpack
 import numpy as np
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3      # 3: segments carry ep_task
 PACK_BELOW = 1 << 16      # arrays under this many bytes share frame 1
 ALIGN = 8                # packed arrays start at multiples of this
 
