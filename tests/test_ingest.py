@@ -288,7 +288,7 @@ def test_the_learners_spec_refuses_text_ids_as_actions_and_absurd_rewards(head):
 
 @pytest.mark.parametrize("dead", ["control-server", "weight-server"])
 def test_a_dead_server_thread_stops_the_learner_and_names_it(link, monkeypatch, dead):
-    from asyncvla.learner.link import check_alive
+    from asyncvla.learner.servers import check_alive
 
     def bug(self, *args):                 # not something a peer can cause: a bug of ours
         raise KeyError("a bug of ours")
