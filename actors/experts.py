@@ -28,40 +28,34 @@ class Expert:
     act: Callable[[object], np.ndarray]    # ManiSkill's unwrapped env -> float32 [D]
 
 
-def push_cube_action(tcp, cube, goal, half: float = 0.02) -> np.ndarray:
-    """PushCube in pd_ee_delta_pos: over to a spot 5 cm behind the cube (-x side) at 6 cm height,
-    down to the cube's mid-height, then push +x past the goal while holding y on the cube's y.
-    The hand stays closed, as ManiSkill's own solution keeps it. Positions in metres, world frame."""
+def shove_cube_action(tcp, cube, goal, direction: int, half: float = 0.02) -> np.ndarray:
+    """Push (direction +1, along +x) or pull (-1, along -x) a cube in pd_ee_delta_pos: over to a spot
+    5 cm on the cube's near side for that direction at 6 cm height, down to the cube's mid-height,
+    then move the cube along x past the goal while holding y on the cube's y. The hand stays
+    closed, as ManiSkill's own solutions keep it. Positions in metres, world frame."""
     tcp, cube, goal = (np.asarray(v, np.float64).reshape(3) for v in (tcp, cube, goal))
-    behind = np.array([cube[0] - half - 0.05, cube[1], half])
+    d = float(direction)
+    spot = np.array([cube[0] - d * (half + 0.05), cube[1], half])
     low = tcp[2] < half + 0.015
-    behind_cube = abs(tcp[1] - cube[1]) < 0.015 and tcp[0] < cube[0] - half - 0.005
-    if low and behind_cube:                                      # push
-        target = np.array([goal[0] + 0.02, cube[1], half])
-    elif np.linalg.norm(tcp[:2] - behind[:2]) < 0.015:          # above the spot: go down
-        target = behind
+    on_its_side = abs(tcp[1] - cube[1]) < 0.015 and d * (tcp[0] - (cube[0] - d * (half + 0.005))) < 0
+    if low and on_its_side:                                      # push or pull
+        target = np.array([goal[0] + d * 0.02, cube[1], half])
+    elif np.linalg.norm(tcp[:2] - spot[:2]) < 0.015:            # above the spot: go down
+        target = spot
     else:                                                        # over to the spot, high
-        target = np.array([behind[0], behind[1], 0.06])
+        target = np.array([spot[0], spot[1], 0.06])
     move = np.clip((target - tcp) / EE_STEP_M, -1.0, 1.0)
     return np.append(move, GRIPPER_CLOSED).astype(np.float32)
+
+
+def push_cube_action(tcp, cube, goal, half: float = 0.02) -> np.ndarray:
+    """PushCube: from 5 cm behind the cube (-x side), push it +x past the goal."""
+    return shove_cube_action(tcp, cube, goal, +1, half)
 
 
 def pull_cube_action(tcp, cube, goal, half: float = 0.02) -> np.ndarray:
-    """PullCube in pd_ee_delta_pos: push_cube_action mirrored. Over to a spot 5 cm in front of the
-    cube (+x side, away from the robot) at 6 cm height, down to the cube's mid-height, then draw
-    it back (-x) past the goal while holding y on the cube's y; the hand stays closed."""
-    tcp, cube, goal = (np.asarray(v, np.float64).reshape(3) for v in (tcp, cube, goal))
-    front = np.array([cube[0] + half + 0.05, cube[1], half])
-    low = tcp[2] < half + 0.015
-    before_cube = abs(tcp[1] - cube[1]) < 0.015 and tcp[0] > cube[0] + half + 0.005
-    if low and before_cube:                                      # pull
-        target = np.array([goal[0] - 0.02, cube[1], half])
-    elif np.linalg.norm(tcp[:2] - front[:2]) < 0.015:           # above the spot: go down
-        target = front
-    else:                                                        # over to the spot, high
-        target = np.array([front[0], front[1], 0.06])
-    move = np.clip((target - tcp) / EE_STEP_M, -1.0, 1.0)
-    return np.append(move, GRIPPER_CLOSED).astype(np.float32)
+    """PullCube: from 5 cm in front of the cube (+x side, away from the robot), draw it back (-x)."""
+    return shove_cube_action(tcp, cube, goal, -1, half)
 
 
 def pick_cube_action(tcp, cube, goal, grasped: bool, finger_gap: float, half: float = 0.02) -> np.ndarray:
