@@ -29,14 +29,19 @@ def env_problems(cfg: Config) -> list[str]:
     """A ManiSkill task id or camera name that a task lacks (the pixel task needs no check), and
     tasks (env.tasks) that do not share one observation and action size."""
     from asyncvla.actors.envs.pixel_task import ENV_ID as PIXEL_REACH_ID
-    from asyncvla.actors.envs.tasks import tasks_of
     if cfg.env.id == PIXEL_REACH_ID and not cfg.env.tasks:
         return []
     from asyncvla.actors.envs.maniskill import camera_problem, space_problem
-    found = [camera_problem(t.id, cfg.env.camera, cfg.env.render_backend, cfg.env.robot_uids)
-             for t in tasks_of(cfg.env)]
+    found = [camera_problem(env_id, cfg.env.camera, cfg.env.render_backend, cfg.env.robot_uids)
+             for env_id in [t.id for t in cfg.env.tasks] or [cfg.env.id]]
     found = [p for p in found if p]
-    return found or [p for p in [space_problem(cfg.env)] if p]
+    if found or len(cfg.env.tasks) < 2:
+        return found
+    try:
+        problem = space_problem(cfg.env)
+    except ValueError as e:            # (a task without an instruction: named in one line)
+        problem = str(e)
+    return [problem] if problem else []
 
 
 def _run_dir(cfg: Config) -> list[str]:

@@ -194,7 +194,7 @@ def test_a_registration_ends_with_a_bye_a_time_out_or_a_replacement():
 
 def _rank_of_a_link(rank: int, port: int, answers) -> None:
     """One of two gloo ranks running ActorLink's sharing of ended registrations on the state it
-    reads: rank 0 holds the control server (here: which registrations ended), rank 1 an inbox."""
+    reads: rank 0 holds the servers (here: which registrations ended), rank 1 an inbox."""
     import torch.distributed as dist
     from types import SimpleNamespace
     from asyncvla.common.transport.auth import TokenLedger
@@ -202,7 +202,7 @@ def _rank_of_a_link(rank: int, port: int, answers) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         ledger = TokenLedger(b"k" * 32)
-        link = SimpleNamespace(world=2, control=object() if rank == 0 else None, _ended_mark=0,
+        link = SimpleNamespace(world=2, rank0=object() if rank == 0 else None, _ended_mark=0,
                                inbox=SimpleNamespace(receiver=SimpleNamespace(tokens=ledger)))
         tokens = {r: ledger.issue("a", "", r) for r in ("r1", "r2", "r3")}
         if rank == 0:

@@ -1,7 +1,7 @@
 """Several tasks in one run, end to end on the real simulator (configs/multitask.yaml, small):
 scripted demos of each task with its own instruction, then `asyncvla train` with 2 ZeRO-3 learner
 ranks and 2 actor processes whose envs hold different tasks, success logged per task, and
-`asyncvla eval` of each task alone with the training, the held-out and the swapped instructions.
+`asyncvla eval` of each task alone, each told another task's sentence (--instruction-set swapped).
 
 This checks the mechanics, not learning (a few updates of a random policy)."""
 
@@ -35,9 +35,9 @@ def test_collection_records_each_tasks_share_with_its_instruction():
 def test_train_on_a_mix_of_tasks_logs_each_and_evaluates_each(tmp_path):
     overrides = [f"logging.output_dir={tmp_path}", "logging.experiment_name=mt", "logging.progress=false",
                  "launch.num_learner_ranks=2", "launch.num_local_actors=2", "actor.num_envs=2",
-                 "actor.rollout_length=8", "env.max_episode_steps=8", "learner.max_steps=3",
+                 "actor.rollout_length=8", "env.max_episode_steps=8", "learner.max_steps=2",
                  "learner.max_time_s=null", "learner.batch_trajectories=4", "learner.critic_warmup_steps=0",
-                 "checkpoint.save_interval=3", "eval.eval_interval=0", *run_port_overrides()]
+                 "checkpoint.save_interval=2", "eval.eval_interval=0", *run_port_overrides()]
     r = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "train", str(MULTITASK), *overrides],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -50,7 +50,7 @@ def test_train_on_a_mix_of_tasks_logs_each_and_evaluates_each(tmp_path):
     assert set(scalars(run, "env/success/PickCube-v1")) <= set(scalars(run, "env/episodes/PickCube-v1"))
 
     cfg = load_config(MULTITASK)
-    for words in ("train", "eval", "swapped"):
+    for words in ("swapped",):       # (the held-out phrasings: tests/test_tasks.py; train: every eval test)
         out = tmp_path / f"eval_{words}.json"
         e = subprocess.run([sys.executable, "-m", "asyncvla.launch.cli", "eval", str(run), "--episodes", "1",
                             "--num-envs", "1", "--instruction-set", words, "--out", str(out)],

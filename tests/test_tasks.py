@@ -1,15 +1,15 @@
 """Several tasks in one policy (env.tasks): the config and its refusals, how envs are dealt out,
-starts that never mix tasks, the task carried in segments, and success counted per task."""
+starts that never mix tasks, and success counted per task. (Envs of several tasks in one actor,
+end to end: tests/test_multitask_e2e.py.)"""
 
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-import torch
 
 from asyncvla.actors.envs.starts import StartSchedule
-from asyncvla.actors.envs.tasks import DEAL_PERIOD, Task, deal, tasks_of
+from asyncvla.actors.envs.tasks import DEAL_PERIOD, Task, deal, instructions_in, tasks_of
 from asyncvla.common.config import ConfigError, EnvConfig, load_config
 from asyncvla.common.config.env import TaskConfig
 
@@ -22,6 +22,10 @@ def test_the_tasks_come_from_env_tasks_with_the_env_settings_they_do_not_set():
     assert [t.id for t in tasks] == ["PushCube-v1", "PullCube-v1", "PickCube-v1"]
     assert len({t.instruction for t in tasks}) == 3                          # told apart by their words
     assert all(t.eval_instruction not in {u.instruction for u in tasks} for t in tasks)   # held out
+    assert instructions_in(tasks, "eval") == [t.eval_instruction for t in tasks]
+    assert instructions_in(tasks, "swapped") == [tasks[1].instruction, tasks[2].instruction, tasks[0].instruction]
+    with pytest.raises(ValueError, match="two tasks or more"):
+        instructions_in(tasks[:1], "swapped")
     assert [t.max_episode_steps for t in tasks] == [cfg.env.max_episode_steps] * 2 + [80]
     assert all(t.reward_mode == cfg.env.reward_mode for t in tasks)
     one = tasks_of(load_config("configs/maniskill.yaml").env)                # no env.tasks: env.id alone
@@ -125,40 +129,6 @@ def test_each_tasks_episodes_and_success_add_up_to_the_totals():
         if want_n[i]:
             assert out[f"env/success/{n}"] == pytest.approx(want_s[i] / want_n[i])
     assert not any(k.startswith("env/success/") for k in Metrics(None, 10, False).report(1, {}, {}, 1))
-
-
-def test_envs_of_different_tasks_in_one_actor_carry_their_task_into_segments():
-    """Two ManiSkill tasks side by side in one actor's envs (an env process each): each env tells
-    the policy its own task's sentence, and every episode that ends is carried in the segment with
-    the task of the env that ran it."""
-    from asyncvla.actors import rollout
-    from asyncvla.actors.envs import make_env
-    from asyncvla.common.policy import VLAPolicy
-    from asyncvla.common.transport.protocol import SegmentSpec
-    cfg = load_config("configs/maniskill.yaml", [
-        "env.tasks=[{id: PushCube-v1, max_episode_steps: 3}, {id: PullCube-v1, max_episode_steps: 4}]",
-        "env.use_proprio=false", "policy.state_dim=0", "actor.rollout_length=6"])
-    torch.manual_seed(0)
-    policy = VLAPolicy.build(cfg.policy)
-    tasks = tasks_of(cfg.env)
-    env = make_env(cfg.env, 3, cfg.policy.image_size, cfg.policy.num_action_chunks, "chunk_level", seed=5,
-                   action_dim=cfg.policy.action_dim, first_env=0)
-    try:
-        assert env.env_tasks.tolist() == deal(tasks, 0, 3).tolist() and set(env.env_tasks) == {0, 1}
-        assert env.instructions == [tasks[t].instruction for t in env.env_tasks]
-        state, tokenize = rollout.start(env), rollout.InstructionCache(policy)
-        arrays, info = rollout.collect_segment(env, policy, tokenize, state, cfg.actor.rollout_length, 1.0,
-                                               torch.Generator().manual_seed(1))
-    finally:
-        env.close()
-    spec = SegmentSpec.for_policy(cfg, policy.head, policy.action_tokenizer)
-    assert spec.num_tasks == 2
-    # each env's episodes end every ceil(limit / K) policy steps: PushCube's after 3 env steps, PullCube's after 4
-    K = cfg.policy.num_action_chunks
-    per_env = [cfg.actor.rollout_length // -(-tasks[t].max_episode_steps // K) for t in env.env_tasks]
-    want = np.bincount(env.env_tasks, weights=per_env, minlength=2)
-    assert np.bincount(arrays["ep_task"], minlength=2).tolist() == want.tolist()
-    assert arrays["ep_task"].dtype == np.int64 and len(arrays["ep_task"]) == len(arrays["ep_return"])
 
 
 def test_an_env_config_without_tasks_still_builds_one():
