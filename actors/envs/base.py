@@ -145,11 +145,19 @@ def check_actions(actions, num_envs: int, num_chunks: int, action_dim: int,
     return np.clip(a, -1.0, 1.0)
 
 
+def task_per_env(env_tasks, num_envs: int) -> np.ndarray:
+    """int64 [num_envs]: each env's index in the run's tasks (actors/envs/tasks.py); None: one task."""
+    index = np.zeros(num_envs, np.int64) if env_tasks is None else np.asarray(env_tasks, np.int64)
+    if index.shape != (num_envs,):
+        raise ValueError(f"env_tasks has shape {index.shape}; expected one task per env: ({num_envs},)")
+    return index
+
+
 class EpisodeTracker:
     """Running return, length and success of the current episode of each env (and its task)."""
 
     def __init__(self, num_envs: int, env_tasks=None):
-        self.tasks = np.zeros(num_envs, np.int64) if env_tasks is None else np.asarray(env_tasks, np.int64)
+        self.tasks = task_per_env(env_tasks, num_envs)
         self.ret = np.zeros(num_envs, np.float64)
         self.length = np.zeros(num_envs, np.int64)
         self.success = np.zeros(num_envs, bool)

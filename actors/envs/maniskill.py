@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 
 from asyncvla.actors.envs import pool
-from asyncvla.actors.envs.base import (ChunkStep, EpisodeTracker, check_actions,
+from asyncvla.actors.envs.base import (ChunkStep, EpisodeTracker, check_actions, task_per_env,
                                        check_reward_type, reduce_reward, resize_images, run_chunk)
 from asyncvla.actors.envs.starts import StartSchedule
 from asyncvla.actors.envs.tasks import Task, tasks_of
@@ -173,10 +173,11 @@ class EpisodeRunner:
         self.base = self.env.unwrapped
         self.tracker = EpisodeTracker(1)
         self.ended = False
-        first = self._observe()   # checks the camera and gives the state size
+        raw = self._raw_obs()
+        first = self._convert(raw)   # checks the camera and gives the state size
         self.info = {"action_dim": int(self.env.action_space.shape[0]),
                      "state_dim": int(first["state"].shape[0]) if "state" in first else 0,
-                     "state_sizes": self._state_sizes}
+                     "state_sizes": {k: int(np.size(v)) for k, v in _state_tree_leaves(raw).items()}}
 
     def reset(self, seed: int) -> dict:
         self.tracker = EpisodeTracker(1)
@@ -226,17 +227,18 @@ class EpisodeRunner:
         return self._convert(obs)
 
     def _observe(self) -> dict:
+        return self._convert(self._raw_obs())
+
+    def _raw_obs(self) -> dict:
         from mani_skill.utils import common
-        return self._convert(common.unbatch(common.to_numpy(self.base.get_obs())))
+        return common.unbatch(common.to_numpy(self.base.get_obs()))
 
     def _convert(self, obs: dict) -> dict:
         self._frame = camera_rgb(obs, self.spec)
-        leaves = state_leaves({"agent": obs["agent"], "extra": obs["extra"]})
-        self._state_sizes = {k: int(np.size(v)) for k, v in leaves.items()}
         state = None
         if self.spec.use_proprio and self.spec.state_keys:
-            state = pick_state({k: np.asarray(v)[None] for k, v in leaves.items()}, self.spec.state_keys,
-                               self.spec.env_id)[0]
+            state = pick_state({k: np.asarray(v)[None] for k, v in _state_tree_leaves(obs).items()},
+                               self.spec.state_keys, self.spec.env_id)[0]
         elif self.spec.use_proprio:
             state = flat_state({"agent": obs["agent"], "extra": obs["extra"]})
         out = policy_obs(self._frame[None], None if state is None else state[None], self.spec)
@@ -292,7 +294,7 @@ class ManiSkillCPUEnv:
         check_reward_type(reward_type)
         self.num_envs, self.num_action_chunks, self.reward_type = num_envs, num_action_chunks, reward_type
         tasks = tasks or tasks_of(cfg)[:1] * num_envs
-        self.env_tasks = np.zeros(num_envs, np.int64) if env_tasks is None else np.asarray(env_tasks, np.int64)
+        self.env_tasks = task_per_env(env_tasks, num_envs)
         self.instructions = [t.instruction for t in tasks]
         self._seeds = starts or StartSchedule.for_purpose("train", cfg, seed, num_envs, env_tasks=self.env_tasks)
         self._started = False
@@ -409,7 +411,7 @@ class ManiSkillBatchedEnv:
         self.spec = runner_spec(cfg, image_size, task)
         self.num_envs, self.num_action_chunks, self.reward_type = num_envs, num_action_chunks, reward_type
         self.instructions = [task.instruction] * num_envs
-        self.env_tasks = np.zeros(num_envs, np.int64) if env_tasks is None else np.asarray(env_tasks, np.int64)
+        self.env_tasks = task_per_env(env_tasks, num_envs)
         self._seeds = starts
         self.env = make(self.spec, cfg.sim_backend, num_envs)
         self.device = self.env.unwrapped.device
@@ -487,14 +489,18 @@ class ManiSkillBatchedEnv:
             self._frames = frames
         state = None
         if self.spec.use_proprio and self.spec.state_keys:
-            leaves = state_leaves({"agent": obs["agent"], "extra": obs["extra"]})
-            state = pick_state({k: _numpy(v[rows]) for k, v in leaves.items()}, self.spec.state_keys,
-                               self.spec.env_id)
+            state = pick_state({k: _numpy(v[rows]) for k, v in _state_tree_leaves(obs).items()},
+                               self.spec.state_keys, self.spec.env_id)
         elif self.spec.use_proprio:
             from mani_skill.utils import common
             state = _numpy(common.flatten_state_dict(name_ordered({"agent": obs["agent"], "extra": obs["extra"]}),
                                                      use_torch=True, device=self.device)[rows])
         return policy_obs(frames, state, self.spec)
+
+
+def _state_tree_leaves(obs: dict) -> dict:
+    """{"agent/qpos": array, ...}: the state leaves (obs/agent and obs/extra) of an observation."""
+    return state_leaves({"agent": obs["agent"], "extra": obs["extra"]})
 
 
 def camera_rgb(obs: dict, spec: RunnerSpec):
@@ -533,13 +539,10 @@ def space_problem(cfg) -> Optional[str]:
         _check_one_space(tasks, infos)
     except ValueError as e:
         return str(e)
-    for key, size in (cfg.state_keys or {}).items() if cfg.use_proprio else ():
-        has = {t.id: info["state_sizes"][key] for t, info in zip(tasks, infos) if key in info["state_sizes"]}
-        if not has:
+    for key in (cfg.state_keys or {}) if cfg.use_proprio else ():    # (a size mismatch: pick_state's error)
+        if not any(key in info["state_sizes"] for info in infos):
             return (f"env.state_keys names {key}, which no task of env.tasks has; they have: "
                     + "; ".join(f"{t.id} {', '.join(i['state_sizes'])}" for t, i in zip(tasks, infos)))
-        if any(n != size for n in has.values()):
-            return f"env.state_keys gives {key} {size} values, but " + ", ".join(f"{k} has {n}" for k, n in has.items())
     return None
 
 

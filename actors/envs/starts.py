@@ -23,6 +23,8 @@ from typing import Optional
 
 import numpy as np
 
+from asyncvla.actors.envs.base import task_per_env
+
 PURPOSES = ("train", "evaluate", "collect")
 
 HELD_OUT_BIT = 1 << 31   # set in every evaluation start, in no other (episode_seed, group_seed: 31 bits)
@@ -73,9 +75,7 @@ class StartSchedule:
         self.slot = np.full(num_envs, -1, np.int64)
         self._reserved = np.full(num_envs, -1, np.int64)
         self._next_slot = 0
-        self._task = np.zeros(num_envs, np.int64) if env_tasks is None else np.asarray(env_tasks, np.int64)
-        if self._task.shape != (num_envs,):
-            raise ValueError(f"env_tasks has shape {self._task.shape}; expected one task per env: ({num_envs},)")
+        self._task = task_per_env(env_tasks, num_envs)
         self._open: dict[int, int] = {}        # task -> next slot of its open group (groups: G slots each)
         self.retry_failed = float(retry_failed)
         self.retried = np.zeros(num_envs, np.int64)   # how often env i's current start was retried

@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from asyncvla.actors.envs import pixel_task
 from asyncvla.actors.envs.instructions import eval_instruction_for, instruction_for
 
 INSTRUCTION_SETS = ("train", "eval", "swapped")
@@ -41,7 +42,7 @@ def tasks_of(env_cfg) -> list[Task]:
     """The run's tasks: env.tasks, each with env's settings where it has none of its own; or the one
     task env.id (env.instruction)."""
     if not env_cfg.tasks:
-        if env_cfg.id == "PixelReach-v0":       # (its instruction names a colour drawn per episode)
+        if env_cfg.id == pixel_task.ENV_ID:       # (its instruction names a colour drawn per episode)
             return [Task(env_cfg.id, env_cfg.instruction, env_cfg.instruction,
                          max_episode_steps=env_cfg.max_episode_steps, reward_mode=env_cfg.reward_mode)]
         text = instruction_for(env_cfg.id, env_cfg.instruction)
