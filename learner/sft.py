@@ -199,11 +199,18 @@ def _log_step(writer, bar, stats: dict, lr: float, step: int) -> None:
 def _log_record(writer, bar, record: dict, step: int) -> None:
     bar.set_description("sft", refresh=False)
     if writer is not None:
-        for k, v in record.items():
-            if k not in ("step", "wall_s") and v is not None:
-                writer.add_scalar(f"sft/{k}", v, step)
+        writer.add_scalars(record_scalars(record), step)
         writer.flush()
     bar.write(_format(record))
+
+
+def record_scalars(record: dict) -> dict:
+    """An evaluation record's tensorboard scalars: sft/<key>, and with env.tasks each task's
+    success as sft/success_rate/<task> (as `asyncvla eval` logs eval/success_rate/<task>)."""
+    out = {f"sft/{k}": v for k, v in record.items()
+           if k not in ("step", "wall_s", "tasks") and v is not None}
+    out.update({f"sft/success_rate/{k}": t["success_rate"] for k, t in record.get("tasks", {}).items()})
+    return out
 
 
 def _finish(cfg: Config, engine, eval_policy, writer, out: Path, step: int, samples: SFTSamples,

@@ -122,3 +122,22 @@ def test_no_learner_optimiser_or_schedule_key_changes_sft():
         assert (ds_config, lrs) == (base_config, base_lrs), key
     ds_config, lrs = sft_optimiser(RL_OPTIMISER_KEYS)
     assert (ds_config, lrs) == (base_config, base_lrs)
+
+
+def test_an_evaluation_record_with_tasks_logs_each_tasks_success_to_tensorboard(tmp_path):
+    """A multi-task SFT evaluation's record holds a dict per task: tensorboard gets one scalar per
+    task beside the pooled ones (a dict handed to SummaryWriter as it is raises)."""
+    from asyncvla.common.trackers import Trackers, _TensorBoard
+    from asyncvla.learner.sft import record_scalars
+    record = {"step": 10, "wall_s": 3.0, "val_loss": 0.5, "val_token_accuracy": None, "success_rate": 0.5,
+              "tasks": {"PushCube-v1": {"success_rate": 0.75, "ci95": [0.5, 0.9]},
+                        "PickCube-v1": {"success_rate": 0.25, "ci95": [0.1, 0.5]}}}
+    scalars = record_scalars(record)
+    assert scalars == {"sft/val_loss": 0.5, "sft/success_rate": 0.5,
+                       "sft/success_rate/PushCube-v1": 0.75, "sft/success_rate/PickCube-v1": 0.25}
+    writer = Trackers([_TensorBoard(tmp_path)])
+    writer.add_scalars(scalars, 10)
+    writer.close()
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert acc.Scalars("sft/success_rate/PickCube-v1")[0].value == 0.25
