@@ -82,7 +82,7 @@ def run(cfg: Config) -> int:
     budget, guard = Budget(cfg, stop, device), FiniteGuard(cfg.learner.max_nonfinite_steps)
     times = publisher.start(engine, state.version, state.step, link.weights, resume_from is not None, device)
     link.wait_for_fleet(stop)
-    budget.start()
+    budget.start(state)
     ended, failure, batch = budget.spent(state), None, None
     while ended is None:
         t0 = time.perf_counter()
@@ -107,7 +107,7 @@ def run(cfg: Config) -> int:
             times = publisher.publish(engine, state.version, state.step)
         report = link.report(state.step, _scalars(stats, engine, state, guard, saves, t1 - t0, t2 - t1, times),
                              stats["poisoned_by"], budget.time_up())
-        state.env_steps = link.metrics.env_steps
+        state.env_steps, state.time_s = link.metrics.env_steps, budget.elapsed()
         if save:
             saves.save(state, publisher.ema_state(), guard.skipped)
         ended = budget.spent(state, report)
@@ -171,9 +171,7 @@ def _restore(engine, resume_from, cfg: Config, run_dir: Path, publisher: Publish
         Checkpointer(engine, run_dir, cfg, tag, tag and checkpoint.read_marker(tag)["step"]).record_end("failed", 0, None)
         raise SystemExit(f"asyncvla learner: {e}")
     publisher.restore(saved["ema"])
-    if state.value_norm is not None and saved.get("value_norm"):   # (none in a run saved without it: start anew)
-        state.value_norm.load_state_dict(saved["value_norm"])
-    state.step, state.version, state.env_steps = saved["step"], saved["version"], saved["env_steps"]
+    state.load(saved)
     log.info("resumed from %s at step %d, version %d", resume_from, state.step, state.version)
     if dist.get_rank() == 0:               # (this run is the resumed checkpoint's branch from now on)
         for moved in checkpoint.adopt(resume_from):

@@ -1,7 +1,7 @@
 """What the learner's loop keeps beside the engine: its state, its saves, and when it ends.
 
-    TrainState     the update count, the weight version served, the env steps consumed and the
-                   value normalisation (the published EMA weights live with publishing: publish.py)
+    TrainState     the update count, the weight version served, the env steps consumed, the seconds
+                   trained and the value normalisation (the published EMA weights live with publishing: publish.py)
     Checkpointer   periodic and final saves on the branch the run stands on, their failures, the
                    segment accounting written with each, and the end record the launcher reads
     Budget         when the run ends: a stop signal on any rank, learner.max_steps, max_time_s,
@@ -32,12 +32,20 @@ class TrainState:
     step: int = 0                       # updates done
     version: int = 0                    # the newest weight version published
     env_steps: int = 0                  # env steps of the segments received (the run's total)
+    time_s: float = 0.0                 # seconds trained (the run's total: a resumed run adds to it)
     value_norm: ValueNorm | None = None
 
     def saved(self, cfg: Config, ema_state: dict | None) -> dict:
         """What a checkpoint's client_state holds of the run (checkpoint.save adds every rank's RNG)."""
-        return {"step": self.step, "version": self.version, "env_steps": self.env_steps, "config": to_dict(cfg),
-                "ema": ema_state, "value_norm": self.value_norm.state_dict() if self.value_norm else None}
+        return {"step": self.step, "version": self.version, "env_steps": self.env_steps, "time_s": self.time_s,
+                "config": to_dict(cfg), "ema": ema_state, "value_norm": self.value_norm.state_dict() if self.value_norm else None}
+
+    def load(self, saved: dict) -> None:
+        """Take the run's counts and statistics from a checkpoint's client_state (what `saved` wrote)."""
+        self.step, self.version, self.env_steps = saved["step"], saved["version"], saved["env_steps"]
+        self.time_s = saved.get("time_s", 0.0)           # (none in a checkpoint from before it was kept)
+        if self.value_norm is not None and saved.get("value_norm"):   # (none in a run saved without it: start anew)
+            self.value_norm.load_state_dict(saved["value_norm"])
 
 
 class Checkpointer:
@@ -90,21 +98,27 @@ class Checkpointer:
 class Budget:
     """When the run ends. `stopped()` is a collective: a signal on one rank stops every rank at the
     same update boundary. `spent(state, report)` (every rank, after the update's report, which
-    every rank shares) says which budget ended it, or None: learner.max_steps, max_time_s (counted
-    from `start`), max_env_steps, or learner.target_success held over two windows in a row."""
+    every rank shares) says which budget ended it, or None: learner.max_steps, max_time_s, max_env_steps,
+    or learner.target_success held over two windows in a row. Like the update and env-step counts,
+    the seconds are the run's: a resumed run counts on from the checkpoint's (so it trains for what
+    is left of learner.max_time_s), and this process's count starts at `start`."""
 
     def __init__(self, cfg: Config, stop, device):
         self.cfg, self.stop, self.device = cfg, stop, device
         self.target = TargetWatch(cfg.learner.target_success, cfg.learner.target_success_episodes)
-        self.started = time.perf_counter()
+        self.before, self.started = 0.0, time.perf_counter()
         self.signalled = False
 
-    def start(self) -> None:
-        self.started = time.perf_counter()
+    def start(self, state: TrainState) -> None:
+        self.before, self.started = state.time_s, time.perf_counter()
+
+    def elapsed(self) -> float:
+        """Seconds trained: the checkpoint's, if resumed, and this process's since `start`."""
+        return self.before + time.perf_counter() - self.started
 
     def time_up(self) -> bool:
         lc = self.cfg.learner
-        return bool(lc.max_time_s) and time.perf_counter() - self.started >= lc.max_time_s
+        return bool(lc.max_time_s) and self.elapsed() >= lc.max_time_s
 
     def stopped(self) -> bool:
         self.signalled = any_rank(self.stop.is_set(), self.device)

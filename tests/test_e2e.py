@@ -56,13 +56,15 @@ def test_train_stops_when_every_local_actor_has_failed(tmp_path):
 def test_resume_from_the_checkpoints_folder_with_periodic_eval_ends_by_itself(tmp_path):
     """`--resume RUN/checkpoints` keeps RUN as the run directory for every process: the launcher's
     files, the learner's checkpoints and the evaluator's results all land in RUN, and the run ends.
-    The value normalisation's statistics carry over too."""
+    The value normalisation's statistics and the seconds trained carry over too."""
     small = ["learner.batch_trajectories=4", "learner.micro_batch_size=16", "actor.num_envs=4",
              "actor.rollout_length=4", "launch.num_local_actors=1", "algorithm.num_minibatches=1",
              "checkpoint.save_interval=1", "algorithm.value_norm=true", "algorithm.value_norm_decay=0.9"]
     first = train_pixel_task(tmp_path, "res", small + ["learner.max_steps=2", "eval.eval_interval=0"], timeout=300)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     run = tmp_path / "res"
+    trained = read_client_state(run / "checkpoints" / "step_00000002")["time_s"]
+    assert trained > 0
     again = train_pixel_task(tmp_path, "ignored", small + [
         "learner.max_steps=4", "eval.eval_interval=2", "eval.num_episodes=2",
         "--resume", str(run / "checkpoints")], timeout=300)
@@ -79,6 +81,7 @@ def test_resume_from_the_checkpoints_folder_with_periodic_eval_ends_by_itself(tm
         assert summary["step"] == step
     assert (run / "checkpoints" / "step_00000004" / "COMPLETE.json").exists()
     # 4 updates' worth of statistics (2 saved, 2 after the resume), not 2 of a fresh start
-    norm = read_client_state(run / "checkpoints" / "step_00000004")["value_norm"]
-    assert norm["weight"] == pytest.approx(1 - 0.9 ** 4) and norm["sq_acc"] > 0
+    state = read_client_state(run / "checkpoints" / "step_00000004")
+    assert state["value_norm"]["weight"] == pytest.approx(1 - 0.9 ** 4) and state["value_norm"]["sq_acc"] > 0
+    assert state["time_s"] > trained                    # the seconds trained count on (learner.max_time_s)
 

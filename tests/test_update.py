@@ -116,6 +116,32 @@ def test_finite_guard_counts_skipped_steps_and_stops_on_the_nth_in_a_row():
     assert "learner.max_nonfinite_steps=3" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_the_time_budget_is_the_runs_so_a_resumed_run_trains_for_what_is_left():
+    """learner.max_time_s counts the seconds of every process of the run, as max_steps counts its
+    updates: the checkpoint keeps them (TrainState.saved / load) and a resumed budget adds to them."""
+    import threading
+
+    from asyncvla.common.config import Config
+    from asyncvla.learner.run_state import Budget, TrainState
+
+    cfg = Config()
+    cfg.learner.max_time_s = 100.0
+    saved = TrainState(step=7, version=3, env_steps=900, time_s=99.999).saved(cfg, None)
+    resumed = TrainState()
+    resumed.load(saved)
+    assert (resumed.step, resumed.version, resumed.env_steps, resumed.time_s) == (7, 3, 900, 99.999)
+    budget = Budget(cfg, threading.Event(), None)
+    budget.start(resumed)
+    assert 99.999 <= budget.elapsed() < 100.5
+    budget.start(TrainState(time_s=100.0))               # the checkpoint's seconds alone spend it
+    assert budget.time_up()
+    budget.start(TrainState())                           # a fresh run starts at 0
+    assert budget.elapsed() < 1.0 and not budget.time_up()
+    older = {k: v for k, v in saved.items() if k != "time_s"}    # a checkpoint from before time_s
+    resumed.load(older)
+    assert resumed.time_s == 0.0
+
+
 def test_a_non_finite_loss_back_propagates_nan_everywhere_it_reaches():
     """An inf loss can give finite gradients (here: a sum with an inf constant); poisoned, every
     gradient is NaN, so the optimizer's global norm check skips the step."""

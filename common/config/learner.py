@@ -13,7 +13,8 @@ class LearnerConfig:
     max_steps: int = opt(200, "stop after this many learner updates", ge=1)
     max_env_steps: Optional[int] = opt(None, "also stop after this many env steps (null: no limit)", ge=1)
     max_time_s: Optional[float] = opt(None, "also stop after this many seconds of training, counted "
-                                      "from the learner's first wait for data (null: no limit)", gt=0.0)
+                                      "from the learner's first wait for data; a resumed run counts on "
+                                      "from its checkpoint's, as for max_steps (null: no limit)", gt=0.0)
     target_success: Optional[float] = opt(None, "also stop once the actors' episodes succeed this often: "
                                           "the success rate over the newest learner.target_success_episodes "
                                           "episodes trained on, at or above it over two such windows in a "
