@@ -1,7 +1,8 @@
 """What the learner's loop keeps beside the engine: its state, its saves, and when it ends.
 
     TrainState     the update count, the weight version served, the env steps consumed, the seconds
-                   trained and the value normalisation (the published EMA weights live with publishing: publish.py)
+                   trained and the value normalisation (the published EMA weights live with
+                   publishing: publish.py)
     Checkpointer   periodic and final saves on the branch the run stands on, their failures, the
                    segment accounting written with each, and the end record the launcher reads
     Budget         when the run ends: a stop signal on any rank, learner.max_steps, max_time_s,
@@ -38,7 +39,8 @@ class TrainState:
     def saved(self, cfg: Config, ema_state: dict | None) -> dict:
         """What a checkpoint's client_state holds of the run (checkpoint.save adds every rank's RNG)."""
         return {"step": self.step, "version": self.version, "env_steps": self.env_steps, "time_s": self.time_s,
-                "config": to_dict(cfg), "ema": ema_state, "value_norm": self.value_norm.state_dict() if self.value_norm else None}
+                "config": to_dict(cfg), "ema": ema_state,
+                "value_norm": self.value_norm.state_dict() if self.value_norm else None}
 
     def load(self, saved: dict) -> None:
         """Take the run's counts and statistics from a checkpoint's client_state (what `saved` wrote)."""
